@@ -1,0 +1,24 @@
+"""The M-GRPO math as pure functions (no I/O, no Redis, no services).
+
+Public API (stable; other packages and users rely on these names):
+
+- `planner_reward`, `subagent_reward`               SPEC §3 (paper Eqs. 4-5)
+- `group_advantages`                                SPEC §5 (paper Eqs. 9-13)
+- `align_episodes`, `alignment_seed`                SPEC §4 (paper §4.1)
+- `policy_loss`                                     SPEC §6
+"""
+
+from mgrpo.algo.advantages import group_advantages
+from mgrpo.algo.alignment import align_episodes, alignment_seed
+from mgrpo.algo.loss import policy_loss
+from mgrpo.algo.rewards import normalize_answer, planner_reward, subagent_reward
+
+__all__ = [
+    "align_episodes",
+    "alignment_seed",
+    "group_advantages",
+    "normalize_answer",
+    "planner_reward",
+    "policy_loss",
+    "subagent_reward",
+]

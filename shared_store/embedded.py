@@ -38,15 +38,24 @@ def free_port() -> int:
 class RedisServer:
     """Start/stop/kill a redis-server on a free port; `appendonly` makes it survive restarts."""
 
-    def __init__(self, workdir: Path, *, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        password: str | None = None,
+    ) -> None:
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -56,11 +65,13 @@ class RedisServer:
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
             "--logfile", str(self.workdir / "redis.log"),
         ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
+                redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2).ping()
                 return
             except redis.ConnectionError:
                 time.sleep(0.02)

@@ -101,3 +101,10 @@ def policy(job_id: str) -> str:
 def metrics(job_id: str) -> str:
     """HASH role → latest MetricsEvent JSON of that role."""
     return f"{_job(job_id)}:metrics"
+
+
+def dead_letter(stream_key: str) -> str:
+    """STREAM of entries of `stream_key` that could not be decoded (same hash slot as the stream)."""
+    if not stream_key.startswith(PREFIX):
+        raise ValueError(f"{stream_key!r} is not a key of this protocol")
+    return f"{stream_key}:dead"

@@ -1,0 +1,150 @@
+"""The job registry: create (idempotent), get, list, atomic status transitions, cancel.
+
+Status machine: queued → running → succeeded | failed | cancelled, and queued → cancelled | failed.
+A transition runs as one Lua script on the job's hash (one key, so Redis Cluster safe): concurrent
+writers never lose an update, and a finished job cannot be moved by a late writer. Moving to the
+state a job is already in is an idempotent no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from shared_store import keys
+from shared_store._text import as_str
+from shared_store.schemas import JobDispatch, JobRecord, JobStatus, encode
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled", "failed"}),
+    "running": frozenset({"succeeded", "failed", "cancelled"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+DISPATCH_MAXLEN = 10_000
+
+# KEYS[1] job hash; ARGV: new status, reason, now, allowed-from list (space separated)
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {-1, ''} end
+if cur == ARGV[1] then return {1, cur} end
+for from in string.gmatch(ARGV[4], '%S+') do
+  if from == cur then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3])
+    if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'reason', ARGV[2]) end
+    return {0, cur}
+  end
+end
+return {-2, cur}
+"""
+
+# KEYS[1] job hash; ARGV: flat field/value pairs. Returns 1 when created, 0 when it existed.
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+
+class JobNotFoundError(KeyError):
+    def __str__(self) -> str:
+        return f"job {self.args[0]!r} not found"
+
+
+class JobConflictError(ValueError):
+    """An illegal status transition, or a create that reuses an id with another config."""
+
+
+class JobRegistry:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self._transition = client.register_script(_TRANSITION)
+        self._create = client.register_script(_CREATE)
+
+    def create(
+        self, config: dict[str, Any], job_id: str | None = None, *, roles: tuple[keys.Role, ...] = keys.ROLES
+    ) -> tuple[JobRecord, bool]:
+        """Create a queued job and dispatch it to `roles`. Same id + same config → (existing, False)."""
+        jid = keys.check_id("job id", job_id) if job_id else f"job-{uuid.uuid4().hex[:12]}"
+        now = time.time()
+        config_json = json.dumps(config, sort_keys=True)
+        fields = {"job_id": jid, "status": "queued", "config": config_json, "created_at": now,
+                  "updated_at": now, "reason": "", "cancel_requested": 0, "dispatched": 0}  # fmt: skip
+        flat = [str(x) for kv in fields.items() for x in kv]
+        created = bool(self._create(keys=[keys.job(jid)], args=flat))
+        record = self.get(jid)
+        if not created and json.dumps(record.config, sort_keys=True) != config_json:
+            raise JobConflictError(f"job id {jid!r} already exists with another config; pick a new id")
+        self._dispatch(jid, record.created_at, roles)
+        return record, created
+
+    def _dispatch(self, job_id: str, created_at: float, roles: tuple[keys.Role, ...]) -> None:
+        """Index and dispatch once; a create retried after a crash finishes what was left undone."""
+        if self.r.hget(keys.job(job_id), "dispatched") == b"1":
+            return
+        self.r.zadd(keys.jobs_index(), {job_id: created_at})
+        for role in roles:
+            msg = JobDispatch(job_id=job_id, role=role)
+            self.r.xadd(keys.dispatch(role), {"data": encode(msg)}, maxlen=DISPATCH_MAXLEN, approximate=True)
+        self.r.hset(keys.job(job_id), "dispatched", 1)
+
+    def get(self, job_id: str) -> JobRecord:
+        raw = self.r.hgetall(keys.job(job_id))
+        if not raw:
+            raise JobNotFoundError(job_id)
+        h = {as_str(k): as_str(v) for k, v in raw.items()}
+        return JobRecord(
+            job_id=h["job_id"], status=h["status"], config=json.loads(h["config"]),  # type: ignore[arg-type]
+            created_at=float(h["created_at"]), updated_at=float(h["updated_at"]), reason=h.get("reason", ""),
+            cancel_requested=h.get("cancel_requested") == "1",
+        )  # fmt: skip
+
+    def list(self, *, offset: int = 0, limit: int = 50) -> tuple[list[JobRecord], int]:
+        """Newest first; returns (page, total)."""
+        if offset < 0 or not 1 <= limit <= 1000:
+            raise ValueError(f"offset must be >= 0 and limit in 1..1000, got offset={offset} limit={limit}")
+        total = int(self.r.zcard(keys.jobs_index()))
+        ids = self.r.zrevrange(keys.jobs_index(), offset, offset + limit - 1)
+        out = []
+        for raw_id in ids:
+            try:
+                out.append(self.get(as_str(raw_id)))
+            except JobNotFoundError:
+                continue  # deleted behind the index
+        return out, total
+
+    def transition(self, job_id: str, to: JobStatus, reason: str = "") -> JobRecord:
+        """Move a job to `to` atomically. Raises JobNotFoundError or JobConflictError (illegal move)."""
+        allowed_from = " ".join(s for s, nxt in ALLOWED.items() if to in nxt)
+        code, cur = self._transition(keys=[keys.job(job_id)], args=[to, reason, time.time(), allowed_from])
+        if code == -1:
+            raise JobNotFoundError(job_id)
+        if code == -2:
+            raise JobConflictError(f"job {job_id!r} is {as_str(cur)}; it cannot move to {to}")
+        return self.get(job_id)
+
+    def request_cancel(self, job_id: str) -> JobRecord:
+        """Queued → cancelled at once; running → flag the trainers stop on within one step."""
+        record = self.get(job_id)
+        if record.status == "cancelled":
+            return record
+        if record.status in ("succeeded", "failed"):
+            raise JobConflictError(f"job {job_id!r} already {record.status}; there is nothing to cancel")
+        self.r.hset(keys.job(job_id), "cancel_requested", 1)
+        if record.status == "queued":
+            try:
+                return self.transition(job_id, "cancelled", "cancelled before it started")
+            except JobConflictError:
+                pass  # a trainer started it meanwhile: the flag stops it
+        return self.get(job_id)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return self.r.hget(keys.job(job_id), "cancel_requested") == b"1"
+
+    def set_reason(self, job_id: str, reason: str) -> None:
+        self.r.hset(keys.job(job_id), "reason", reason)

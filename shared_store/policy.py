@@ -1,0 +1,84 @@
+"""Policy versions per role, and the progress marks that drive garbage collection of old steps."""
+
+from __future__ import annotations
+
+import time
+from typing import cast
+
+import redis
+
+from shared_store import keys
+from shared_store._text import as_str
+from shared_store.episodes import EpisodeStore
+from shared_store.schemas import PolicyVersion, decode, encode
+
+# KEYS[1] progress hash; ARGV: role, step. Only ever moves forward.
+_ADVANCE = """
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
+if tonumber(ARGV[2]) > cur then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return 1 end
+return 0
+"""
+
+
+class PolicyTimeoutError(TimeoutError):
+    pass
+
+
+class PolicyRegistry:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+
+    def publish(self, version: PolicyVersion) -> None:
+        self.r.hset(keys.policy(version.job_id), version.role, encode(version))
+
+    def get(self, job_id: str, role: keys.Role) -> PolicyVersion | None:
+        raw = self.r.hget(keys.policy(job_id), role)
+        return None if raw is None else decode(PolicyVersion, raw)
+
+    def wait_for(
+        self, job_id: str, role: keys.Role, min_version: int, *, timeout_s: float, poll_s: float = 0.02
+    ) -> PolicyVersion:
+        """Block until `role` has published a version >= min_version; PolicyTimeoutError after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            current = self.get(job_id, role)
+            if current is not None and current.version >= min_version:
+                return current
+            if time.monotonic() >= deadline:
+                have = "none" if current is None else current.version
+                raise PolicyTimeoutError(
+                    f"the {role} trainer published no policy version >= {min_version} within {timeout_s:.0f} s "
+                    f"(latest: {have}); is the {role} service running?"
+                )
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 0.5)
+
+
+class Progress:
+    """Each role's last completed step; steps both roles passed are garbage-collected."""
+
+    def __init__(self, client: redis.Redis, episodes: EpisodeStore) -> None:
+        self.r = client
+        self.episodes = episodes
+        self._advance = client.register_script(_ADVANCE)
+
+    def advance(self, job_id: str, role: keys.Role, step: int) -> None:
+        self._advance(keys=[keys.progress(job_id)], args=[role, int(step)])
+
+    def get(self, job_id: str) -> dict[str, int]:
+        raw = cast(dict[bytes, bytes], self.r.hgetall(keys.progress(job_id)))
+        return {as_str(k): int(v) for k, v in raw.items()}
+
+    def collect(self, job_id: str, *, keep_steps: int = 1, roles: tuple[keys.Role, ...] = keys.ROLES) -> int:
+        """Delete the episodes and per-step records of steps every role finished, keeping the last
+        `keep_steps` of them. Returns the number of steps collected this call."""
+        prog = self.get(job_id)
+        done = min(prog.get(r, -1) for r in roles)
+        first = prog.get("gc", -1) + 1
+        last = done - keep_steps
+        for step in range(first, last + 1):
+            self.episodes.delete_step(job_id, step)
+            self.r.delete(*(keys.step_record(job_id, n, step) for n in keys.STREAMS))
+        if last >= first:
+            self.r.hset(keys.progress(job_id), "gc", last)
+        return max(0, last - first + 1)

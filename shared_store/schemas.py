@@ -1,0 +1,243 @@
+"""Every wire message of the store protocol, as pydantic v2 models, in this one module.
+
+Each message carries `schema_version` and an `idempotency_key` (filled from its identity when not
+given); step-scoped messages carry `job_id`, `step` and `policy_version`. `decode()` checks the
+version before anything else: an unknown or newer version raises `SchemaVersionError`, a payload
+that does not validate raises `PayloadError`; neither is ever half-read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared_store.keys import Role, check_id
+
+SCHEMA_VERSION = 1
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+AlignMode = Literal["duplicate_drop", "none"]
+
+
+class SchemaVersionError(ValueError):
+    """A message was written by another protocol version than this reader understands."""
+
+
+class PayloadError(ValueError):
+    """A message or episode payload is corrupted or does not match its schema."""
+
+
+class WireModel(BaseModel):
+    """Base of every message: versioned, immutable, unknown fields rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: int = SCHEMA_VERSION
+    idempotency_key: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_idempotency_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("idempotency_key"):
+            data = {**data, "idempotency_key": cls.identity(data)}
+        return data
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        """The natural idempotency key of a message (overridden per message type)."""
+        return f"{cls.__name__}:{data.get('job_id', '')}:{data.get('step', '')}"
+
+
+class StepMessage(WireModel):
+    job_id: str
+    step: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+
+
+# ---- jobs ---------------------------------------------------------------------------------------
+class JobRecord(WireModel):
+    """A job as the registry stores it. `config` is the validated job config (opaque to the store)."""
+
+    job_id: str
+    status: JobStatus
+    config: dict[str, Any]
+    created_at: float
+    updated_at: float
+    reason: str = ""
+    cancel_requested: bool = False
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"job:{data.get('job_id', '')}"
+
+
+class JobDispatch(WireModel):
+    """'Start this job' for one trainer role (global dispatch stream of that role)."""
+
+    job_id: str
+    role: Role
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"dispatch:{data.get('job_id', '')}:{data.get('role', '')}"
+
+
+# ---- per-step statistics --------------------------------------------------------------------------
+class RolloutStat(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rollout: int = Field(ge=0)
+    reward: float
+    correct: float
+    format_ok: bool
+    episode_ids: list[str] = Field(default_factory=list)
+
+
+class QueryStats(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    query_id: str
+    rollouts: list[RolloutStat]
+    reward_mean: float
+    reward_std: float
+
+
+class PlannerStepStats(StepMessage):
+    """Planner → sub-agent: per-query planner outcomes of one step (the K rollouts of each query)."""
+
+    queries: list[QueryStats]
+
+
+class SubagentQueryStats(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    query_id: str
+    n_episodes: int = Field(ge=0)
+    n_samples: int = Field(ge=0)
+    reward_mean: float
+    reward_std: float
+
+
+class SubagentStepStats(StepMessage):
+    """Sub-agent → planner and controller: the pooled sub-agent group statistics of one step."""
+
+    queries: list[SubagentQueryStats]
+    queries_without_episodes: int = Field(ge=0, default=0)
+
+
+class AlignedQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    query_id: str
+    slots: list[list[str]]  # (K, D) episode ids, duplicates allowed
+    advantages: list[list[float]]  # (K, D)
+
+    @model_validator(mode="after")
+    def _same_shape(self) -> AlignedQuery:
+        if [len(s) for s in self.slots] != [len(a) for a in self.advantages]:
+            raise ValueError("slots and advantages must have the same (K, D) shape")
+        return self
+
+
+class AlignedBatchManifest(StepMessage):
+    """The aligned sub-agent batch of one step: which episode fills each slot, with its advantage."""
+
+    mode: AlignMode
+    slots_per_rollout: int = Field(ge=1)
+    queries: list[AlignedQuery]
+
+
+# ---- episodes, policies, metrics, ledger -------------------------------------------------------------
+def episode_id(step: int, query_id: str, rollout: int, call: int) -> str:
+    """The id of one sub-agent episode: (step, query, rollout, call)."""
+    return check_id("episode id", f"s{int(step)}-{query_id}-r{int(rollout)}-c{int(call)}")
+
+
+class EpisodeMeta(StepMessage):
+    """Metadata of one sub-agent episode; its arrays travel as bytes beside it (see codec)."""
+
+    episode_id: str
+    query_id: str
+    rollout: int = Field(ge=0)
+    call: int = Field(ge=0)
+    n_tokens: int = Field(ge=0)
+    checksum: int = 0
+    format_ok: bool = True
+    expert_score: float | None = None
+    finish_reason: str = ""
+    subtask: str = ""
+    result: str = ""
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"episode:{data.get('job_id', '')}:{data.get('episode_id', '')}"
+
+
+class PolicyVersion(WireModel):
+    job_id: str
+    role: Role
+    version: int = Field(ge=0)
+    step: int = Field(ge=-1)
+    checkpoint: str = ""
+    published_at: float = Field(default_factory=time.time)
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"policy:{data.get('job_id', '')}:{data.get('role', '')}:{data.get('version', '')}"
+
+
+class MetricsEvent(WireModel):
+    """A per-step metrics record or a job event (→ controller, SSE, metrics.jsonl)."""
+
+    job_id: str
+    step: int = Field(ge=-1)
+    role: Literal["planner", "subagent", "controller"]
+    kind: Literal["metrics", "event"] = "metrics"
+    values: dict[str, float] = Field(default_factory=dict)
+    message: str = ""
+    time: float = Field(default_factory=time.time)
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"{data.get('kind', 'metrics')}:{data.get('job_id', '')}:{data.get('role', '')}:{data.get('step', '')}"
+
+
+class LedgerEntry(WireModel):
+    """'Role R applied step S of job J' — written once, when the step's effect is durable."""
+
+    job_id: str
+    role: Role
+    step: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    consumer: str = ""
+    applied_at: float = Field(default_factory=time.time)
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"ledger:{data.get('job_id', '')}:{data.get('role', '')}:{data.get('step', '')}"
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+M = TypeVar("M", bound=WireModel)
+
+
+def encode(message: WireModel) -> bytes:
+    return message.model_dump_json().encode()
+
+
+def decode(model: type[M], raw: bytes | str) -> M:
+    """Parse one message, checking its schema version first. Raises SchemaVersionError / PayloadError."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PayloadError(f"{model.__name__}: payload is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise PayloadError(f"{model.__name__}: payload must be a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{model.__name__}: schema_version {version!r} is not supported (this build reads "
+            f"{SCHEMA_VERSION}); run every service of a job on the same mgrpo version"
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise PayloadError(f"{model.__name__}: {exc}") from exc

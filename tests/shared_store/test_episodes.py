@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from shared_store import EpisodeArrays
+from shared_store.episodes import EpisodeNotFoundError
+from shared_store.schemas import EpisodeMeta, PayloadError, episode_id
+
+pytestmark = pytest.mark.redis
+
+
+def write(store, job_id, step, n=3, tokens=50, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for call in range(n):
+        eid = episode_id(step, "q0", 0, call)
+        arr = EpisodeArrays.of(
+            rng.integers(0, 50_000, tokens), rng.standard_normal(tokens), rng.integers(0, 2, tokens)
+        )
+        meta = EpisodeMeta(job_id=job_id, step=step, policy_version=1, episode_id=eid, query_id="q0",
+                           rollout=0, call=call, n_tokens=0, subtask="who", result="x")  # fmt: skip
+        out.append((store.episodes.put(meta, arr), arr))
+    return out
+
+
+def test_round_trip_bit_identical_with_duplicates_in_order(store, job_id):
+    written = write(store, job_id, 0)
+    ids = [written[2][0].episode_id, written[0][0].episode_id, written[2][0].episode_id]
+    got = store.episodes.get_many(job_id, ids)
+    assert [m.episode_id for m, _ in got] == ids
+    for (meta, arr), (wmeta, warr) in zip(got, [written[2], written[0], written[2]], strict=True):
+        assert meta == wmeta and meta.n_tokens == 50
+        assert arr.token_ids.tobytes() == warr.token_ids.tobytes()
+        assert arr.logp.tobytes() == warr.logp.tobytes()
+        assert arr.loss_mask.tobytes() == warr.loss_mask.tobytes()
+
+
+def test_missing_and_corrupted(store, job_id):
+    (meta, _), *_ = write(store, job_id, 0, n=1)
+    with pytest.raises(EpisodeNotFoundError, match="nope"):
+        store.episodes.get_many(job_id, [meta.episode_id, "nope"])
+    from shared_store import keys
+
+    store.client.hset(keys.episode(job_id, meta.episode_id), "logp", b"\x00" * 200)
+    with pytest.raises(PayloadError, match="checksum"):
+        store.episodes.get_many(job_id, [meta.episode_id])
+
+
+def test_delete_step(store, job_id):
+    write(store, job_id, 0)
+    write(store, job_id, 1)
+    assert len(store.episodes.step_ids(job_id, 0)) == 3
+    assert store.episodes.delete_step(job_id, 0) == 3
+    assert store.episodes.step_ids(job_id, 0) == [] and len(store.episodes.step_ids(job_id, 1)) == 3

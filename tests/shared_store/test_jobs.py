@@ -1,0 +1,96 @@
+import threading
+
+import pytest
+
+from shared_store import keys
+from shared_store.jobs import JobConflictError, JobNotFoundError
+from shared_store.schemas import JobDispatch, decode
+
+pytestmark = pytest.mark.redis
+
+
+def test_create_is_idempotent_by_id(store, job_id):
+    rec, created = store.jobs.create({"steps": 2}, job_id)
+    again, created_again = store.jobs.create({"steps": 2}, job_id)
+    assert created and not created_again and again.created_at == rec.created_at
+    with pytest.raises(JobConflictError, match="another config"):
+        store.jobs.create({"steps": 3}, job_id)
+    assert store.jobs.get(job_id).config == {"steps": 2}  # nothing overwritten
+
+
+def test_create_dispatches_once_to_each_role(store, job_id):
+    store.jobs.create({"x": 1}, job_id)
+    store.jobs.create({"x": 1}, job_id)
+    for role in keys.ROLES:
+        entries = store.client.xrange(keys.dispatch(role))
+        mine = [decode(JobDispatch, f[b"data"]) for _, f in entries]
+        assert [m.role for m in mine if m.job_id == job_id] == [role]
+
+
+def test_generated_id_and_listing(store):
+    ids = [store.jobs.create({"i": i})[0].job_id for i in range(3)]
+    page, total = store.jobs.list(limit=2)
+    assert total >= 3 and len(page) == 2
+    assert page[0].job_id == ids[-1]  # newest first
+    with pytest.raises(ValueError, match="limit"):
+        store.jobs.list(limit=0)
+
+
+def test_legal_and_illegal_transitions(store, job_id):
+    store.jobs.create({}, job_id)
+    assert store.jobs.transition(job_id, "running").status == "running"
+    assert store.jobs.transition(job_id, "running").status == "running"  # idempotent
+    assert store.jobs.transition(job_id, "succeeded").status == "succeeded"
+    for late in ("running", "failed", "queued"):
+        with pytest.raises(JobConflictError, match="succeeded"):
+            store.jobs.transition(job_id, late)
+    assert store.jobs.get(job_id).status == "succeeded"
+    with pytest.raises(JobNotFoundError):
+        store.jobs.transition("no-such-job", "running")
+
+
+def test_failure_reason_is_kept(store, job_id):
+    store.jobs.create({}, job_id)
+    store.jobs.transition(job_id, "running")
+    rec = store.jobs.transition(job_id, "failed", "subagent service did not answer for 60 s")
+    assert rec.status == "failed" and "subagent" in rec.reason
+
+
+def test_cancel(store, job_id):
+    store.jobs.create({}, job_id)
+    assert store.jobs.request_cancel(job_id).status == "cancelled"  # queued: at once
+    other = job_id + "-b"
+    store.jobs.create({}, other)
+    store.jobs.transition(other, "running")
+    rec = store.jobs.request_cancel(other)
+    assert rec.status == "running" and rec.cancel_requested and store.jobs.cancel_requested(other)
+    store.jobs.transition(other, "succeeded")
+    with pytest.raises(JobConflictError, match="nothing to cancel"):
+        store.jobs.request_cancel(other)
+
+
+def test_concurrent_writers_one_winner(store, job_id):
+    store.jobs.create({}, job_id)
+    store.jobs.transition(job_id, "running")
+    outcomes: list[str] = []
+    barrier = threading.Barrier(12)
+
+    def writer(target: str) -> None:
+        barrier.wait()
+        try:
+            store.jobs.transition(job_id, target, f"by {target}")
+            outcomes.append(target)
+        except JobConflictError:
+            outcomes.append("refused")
+
+    targets = ["succeeded", "failed", "cancelled"] * 4
+    threads = [threading.Thread(target=writer, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = {o for o in outcomes if o != "refused"}
+    assert len(winners) == 1  # exactly one terminal state won; the others were refused
+    final = store.jobs.get(job_id)
+    assert final.status in winners and final.reason == f"by {final.status}"
+    assert outcomes.count("refused") == 12 - outcomes.count(final.status)  # same-state writers are no-ops

@@ -1,0 +1,19 @@
+import pytest
+
+from shared_store import keys
+
+
+def test_job_keys_share_one_hash_tag():
+    ks = [keys.job("j1"), keys.stream("j1", "events"), keys.episode("j1", "s0-q-r0-c0"), keys.ledger("j1"),
+          keys.policy("j1"), keys.step_record("j1", "manifests", 3), keys.dead_letter(keys.stream("j1", "events"))]  # fmt: skip
+    for k in ks:
+        assert k.startswith("mgrpo:v1:{j1}:")
+
+
+def test_bad_ids_and_names_are_refused():
+    with pytest.raises(ValueError, match="job id"):
+        keys.job("a}b")
+    with pytest.raises(ValueError, match="stream"):
+        keys.stream("j", "nope")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="role"):
+        keys.dispatch("boss")  # type: ignore[arg-type]

@@ -1,0 +1,121 @@
+import json
+
+import numpy as np
+import pytest
+
+from shared_store import EpisodeArrays
+from shared_store.codec import decode_arrays, encode_arrays
+from shared_store.schemas import (
+    AlignedBatchManifest,
+    AlignedQuery,
+    EpisodeMeta,
+    JobDispatch,
+    JobRecord,
+    LedgerEntry,
+    MetricsEvent,
+    PayloadError,
+    PlannerStepStats,
+    PolicyVersion,
+    QueryStats,
+    RolloutStat,
+    SchemaVersionError,
+    SubagentQueryStats,
+    SubagentStepStats,
+    decode,
+    encode,
+    episode_id,
+)
+
+J = "job-a"
+MESSAGES = [
+    JobRecord(job_id=J, status="queued", config={"k": 8}, created_at=1.0, updated_at=2.0),
+    JobDispatch(job_id=J, role="subagent"),
+    PlannerStepStats(
+        job_id=J, step=3, policy_version=3,
+        queries=[QueryStats(query_id="q1", reward_mean=0.5, reward_std=0.1, rollouts=[
+            RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True, episode_ids=["s3-q1-r0-c0"])])],
+    ),
+    SubagentStepStats(job_id=J, step=3, policy_version=2, queries_without_episodes=1,
+                      queries=[SubagentQueryStats(query_id="q1", n_episodes=3, n_samples=16, reward_mean=0.3, reward_std=0.2)]),
+    AlignedBatchManifest(job_id=J, step=3, policy_version=2, mode="duplicate_drop", slots_per_rollout=2,
+                         queries=[AlignedQuery(query_id="q1", slots=[["a", "a"], ["b", "c"]], advantages=[[1.0, 1.0], [-1.0, 0.0]])]),
+    EpisodeMeta(job_id=J, step=3, policy_version=2, episode_id="s3-q1-r0-c0", query_id="q1", rollout=0, call=0,
+                n_tokens=5, expert_score=0.5, subtask="find X", result="Y"),
+    PolicyVersion(job_id=J, role="planner", version=4, step=3, checkpoint="/ckpt/4"),
+    MetricsEvent(job_id=J, step=3, role="planner", values={"planner/reward_mean": 0.4}),
+    LedgerEntry(job_id=J, role="subagent", step=3, policy_version=3, consumer="c1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    back = decode(type(msg), encode(msg))
+    assert back == msg
+    assert back.idempotency_key  # filled from the message's identity
+
+
+def test_idempotency_key_is_stable_per_identity():
+    a = PolicyVersion(job_id=J, role="planner", version=4, step=3, published_at=1.0)
+    b = PolicyVersion(job_id=J, role="planner", version=4, step=3, published_at=2.0)
+    assert a.idempotency_key == b.idempotency_key == f"policy:{J}:planner:4"
+
+
+def test_newer_schema_version_is_rejected_loudly():
+    raw = json.loads(encode(MESSAGES[1]))
+    raw["schema_version"] = 2
+    with pytest.raises(SchemaVersionError, match="schema_version 2 is not supported"):
+        decode(JobDispatch, json.dumps(raw))
+    del raw["schema_version"]
+    with pytest.raises(SchemaVersionError):
+        decode(JobDispatch, json.dumps(raw))
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"[1, 2]", b'{"schema_version": 1, "job_id": "x", "role": "boss"}']
+)
+def test_corrupted_payload_is_a_clear_error(raw):
+    with pytest.raises(PayloadError, match="JobDispatch"):
+        decode(JobDispatch, raw)
+
+
+def test_unknown_fields_are_rejected():
+    raw = json.loads(encode(MESSAGES[1]))
+    raw["surprise"] = 1
+    with pytest.raises(PayloadError, match="surprise"):
+        decode(JobDispatch, json.dumps(raw))
+
+
+def test_aligned_query_shapes_must_match():
+    with pytest.raises(ValueError, match="same"):
+        AlignedQuery(query_id="q", slots=[["a", "b"]], advantages=[[1.0]])
+
+
+def test_episode_id_and_id_validation():
+    assert episode_id(3, "q-7", 1, 2) == "s3-q-7-r1-c2"
+    with pytest.raises(ValueError, match="invalid"):
+        episode_id(3, "bad id/with:colon", 0, 0)
+
+
+def test_arrays_round_trip_bit_identical():
+    rng = np.random.default_rng(0)
+    arr = EpisodeArrays.of(rng.integers(0, 2**31 - 1, 300), rng.standard_normal(300), rng.integers(0, 2, 300))
+    arr = EpisodeArrays.of(
+        arr.token_ids, np.append(arr.logp[:-2], [np.float32(-np.inf), np.float32(np.nan)]), arr.loss_mask
+    )
+    fields, crc = encode_arrays(arr)
+    back = decode_arrays(fields, len(arr), crc, "ep")
+    for name in ("token_ids", "logp", "loss_mask"):
+        assert getattr(back, name).tobytes() == getattr(arr, name).tobytes()
+        assert getattr(back, name).dtype == getattr(arr, name).dtype
+
+
+def test_corrupted_arrays_are_detected():
+    arr = EpisodeArrays.of([1, 2, 3], [0.1, 0.2, 0.3], [0, 1, 1])
+    fields, crc = encode_arrays(arr)
+    flipped = dict(fields, logp=bytes([fields["logp"][0] ^ 1]) + fields["logp"][1:])
+    with pytest.raises(PayloadError, match="checksum"):
+        decode_arrays(flipped, 3, crc, "ep")
+    with pytest.raises(PayloadError, match="bytes"):
+        decode_arrays(dict(fields, token_ids=fields["token_ids"][:-1]), 3, crc, "ep")
+    with pytest.raises(ValueError, match="one length"):
+        EpisodeArrays.of([1, 2], [0.1], [1, 1])

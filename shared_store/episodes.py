@@ -1,12 +1,15 @@
-"""The episode store: one sub-agent episode = a hash of metadata JSON + three binary arrays.
+"""The episode store: every sub-agent episode of one step lives in one Redis hash.
 
-Written once per (job, step, query, rollout, call); fetched many at a time with one pipeline; each
-step's episode ids are indexed in a set so a whole step is deleted once both trainers moved past it
-(`delete_step`). Every key also carries a TTL as a safety net against abandoned jobs.
+    mgrpo:v1:{job}:episodes:<step>   HASH  episode_id → blob (metadata JSON + three arrays, see codec)
+
+Written once per (job, step, query, rollout, call); a batch of episodes is one HSET, a fetch of many
+is one HMGET, and garbage collection of a finished step is one UNLINK. The hash carries a TTL as a
+safety net against abandoned jobs.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -14,15 +17,15 @@ import redis
 
 from shared_store import keys
 from shared_store._text import as_str
-from shared_store.codec import EpisodeArrays, decode_arrays, encode_arrays
-from shared_store.schemas import EpisodeMeta, PayloadError, decode, encode
+from shared_store.codec import EpisodeArrays, decode_arrays, pack_episode, unpack_episode
+from shared_store.schemas import EpisodeMeta, decode, encode
 
 EPISODE_TTL_S = 2 * 24 * 3600
 
 
 class EpisodeNotFoundError(KeyError):
     def __str__(self) -> str:
-        return f"episodes not in the store (expired or never written): {self.args[0]}"
+        return f"episodes not in the store (expired, collected or never written): {self.args[0]}"
 
 
 class EpisodeStore:
@@ -31,50 +34,54 @@ class EpisodeStore:
         self.ttl_s = ttl_s
 
     def put(self, meta: EpisodeMeta, arrays: EpisodeArrays) -> EpisodeMeta:
-        """Write one episode atomically; returns the metadata with n_tokens and checksum filled in."""
-        fields, crc = encode_arrays(arrays)
-        meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": crc})
-        key = keys.episode(meta.job_id, meta.episode_id)
-        index = keys.step_episodes(meta.job_id, meta.step)
-        mapping: dict[Any, Any] = {"meta": encode(meta), **fields}
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(key, mapping=mapping)
-        pipe.expire(key, self.ttl_s)
-        pipe.sadd(index, meta.episode_id)
-        pipe.expire(index, self.ttl_s)
-        pipe.execute()
-        return meta
+        """Write one episode; returns the metadata with n_tokens and checksum filled in."""
+        return self.put_many([(meta, arrays)])[0]
 
-    def get_many(self, job_id: str, episode_ids: Sequence[str]) -> list[tuple[EpisodeMeta, EpisodeArrays]]:
-        """Fetch episodes in the given order (duplicates allowed) with one pipelined round trip."""
-        unique = list(dict.fromkeys(episode_ids))
+    def put_many(self, episodes: Sequence[tuple[EpisodeMeta, EpisodeArrays]]) -> list[EpisodeMeta]:
+        """Write episodes with one HSET per step (one round trip); returns their completed metadata."""
+        out = []
+        by_step: dict[tuple[str, int], dict[Any, Any]] = defaultdict(dict)
+        for meta, arrays in episodes:
+            meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": arrays.checksum()})
+            by_step[(meta.job_id, meta.step)][keys.check_id("episode id", meta.episode_id)] = pack_episode(
+                encode(meta), arrays
+            )
+            out.append(meta)
         pipe = self.r.pipeline(transaction=False)
-        for eid in unique:
-            pipe.hgetall(keys.episode(job_id, eid))
-        replies = cast(list[dict[bytes, bytes]], pipe.execute())
-        missing = [eid for eid, h in zip(unique, replies, strict=True) if not h]
+        for (job_id, step), mapping in by_step.items():
+            pipe.hset(keys.step_episodes(job_id, step), mapping=mapping)
+            pipe.expire(keys.step_episodes(job_id, step), self.ttl_s)
+        pipe.execute()
+        return out
+
+    def get_many(
+        self, job_id: str, step: int, episode_ids: Sequence[str]
+    ) -> list[tuple[EpisodeMeta, EpisodeArrays]]:
+        """Fetch episodes of one step in the given order (duplicates allowed) with one HMGET."""
+        unique = list(dict.fromkeys(episode_ids))
+        if not unique:
+            return []
+        blobs = cast(list[bytes | None], self.r.hmget(keys.step_episodes(job_id, step), unique))
+        missing = [eid for eid, blob in zip(unique, blobs, strict=True) if blob is None]
         if missing:
             raise EpisodeNotFoundError(missing[:10])
-        decoded = {eid: self._decode(eid, h) for eid, h in zip(unique, replies, strict=True)}
+        decoded = {eid: self._decode(eid, cast(bytes, b)) for eid, b in zip(unique, blobs, strict=True)}
         return [decoded[eid] for eid in episode_ids]
 
     @staticmethod
-    def _decode(eid: str, h: dict[bytes, bytes]) -> tuple[EpisodeMeta, EpisodeArrays]:
-        if b"meta" not in h:
-            raise PayloadError(f"episode {eid}: metadata field is missing")
-        meta = decode(EpisodeMeta, h[b"meta"])
-        fields = {as_str(k): v for k, v in h.items() if k != b"meta"}
-        return meta, decode_arrays(fields, meta.n_tokens, meta.checksum, f"episode {eid}")
+    def _decode(eid: str, blob: bytes) -> tuple[EpisodeMeta, EpisodeArrays]:
+        what = f"episode {eid}"
+        meta_json, body = unpack_episode(blob, what)
+        meta = decode(EpisodeMeta, bytes(meta_json))
+        return meta, decode_arrays(body, meta.n_tokens, meta.checksum, what)
 
     def step_ids(self, job_id: str, step: int) -> list[str]:
-        return sorted(as_str(x) for x in cast(set[bytes], self.r.smembers(keys.step_episodes(job_id, step))))
+        return sorted(as_str(x) for x in cast(list[bytes], self.r.hkeys(keys.step_episodes(job_id, step))))
 
     def delete_step(self, job_id: str, step: int) -> int:
-        """Delete every episode of one step and its index; returns how many episodes went."""
-        ids = self.step_ids(job_id, step)
+        """Delete every episode of one step (UNLINK: freed in the background); returns how many went."""
         pipe = self.r.pipeline(transaction=True)
-        for eid in ids:
-            pipe.delete(keys.episode(job_id, eid))
-        pipe.delete(keys.step_episodes(job_id, step))
-        pipe.execute()
-        return len(ids)
+        pipe.hlen(keys.step_episodes(job_id, step))
+        pipe.unlink(keys.step_episodes(job_id, step))
+        count, _ = pipe.execute()
+        return int(count)

@@ -68,13 +68,8 @@ def step_record(job_id: str, name: StreamName, step: int) -> str:
     return f"{_job(job_id)}:{name}:{int(step)}"
 
 
-def episode(job_id: str, episode_id: str) -> str:
-    """HASH: one sub-agent episode (meta JSON + binary arrays)."""
-    return f"{_job(job_id)}:episode:{check_id('episode id', episode_id)}"
-
-
 def step_episodes(job_id: str, step: int) -> str:
-    """SET of the episode ids written in one step (what garbage collection deletes)."""
+    """HASH episode_id → episode blob: every sub-agent episode of one step (GC deletes it whole)."""
     return f"{_job(job_id)}:episodes:{int(step)}"
 
 

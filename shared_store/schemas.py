@@ -224,8 +224,18 @@ def encode(message: WireModel) -> bytes:
 
 
 def decode(model: type[M], raw: bytes | str) -> M:
-    """Parse one message, checking its schema version first. Raises SchemaVersionError / PayloadError."""
+    """Parse one message, checking its schema version. Raises SchemaVersionError / PayloadError."""
     try:
+        message = model.model_validate_json(raw)  # fast path: one pass in pydantic-core
+    except ValidationError:
+        message = None
+    if (
+        message is not None
+        and message.schema_version == SCHEMA_VERSION
+        and "schema_version" in message.model_fields_set
+    ):
+        return message
+    try:  # slow path: find out why, version first, so a newer message is never half-read
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadError(f"{model.__name__}: payload is not valid JSON ({exc})") from exc

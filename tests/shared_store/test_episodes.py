@@ -25,7 +25,7 @@ def write(store, job_id, step, n=3, tokens=50, seed=0):
 def test_round_trip_bit_identical_with_duplicates_in_order(store, job_id):
     written = write(store, job_id, 0)
     ids = [written[2][0].episode_id, written[0][0].episode_id, written[2][0].episode_id]
-    got = store.episodes.get_many(job_id, ids)
+    got = store.episodes.get_many(job_id, 0, ids)
     assert [m.episode_id for m, _ in got] == ids
     for (meta, arr), (wmeta, warr) in zip(got, [written[2], written[0], written[2]], strict=True):
         assert meta == wmeta and meta.n_tokens == 50
@@ -37,12 +37,20 @@ def test_round_trip_bit_identical_with_duplicates_in_order(store, job_id):
 def test_missing_and_corrupted(store, job_id):
     (meta, _), *_ = write(store, job_id, 0, n=1)
     with pytest.raises(EpisodeNotFoundError, match="nope"):
-        store.episodes.get_many(job_id, [meta.episode_id, "nope"])
+        store.episodes.get_many(job_id, 0, [meta.episode_id, "nope"])
     from shared_store import keys
 
-    store.client.hset(keys.episode(job_id, meta.episode_id), "logp", b"\x00" * 200)
+    key, field = keys.step_episodes(job_id, 0), meta.episode_id
+    blob = store.client.hget(key, field)
+    store.client.hset(key, field, blob[:-60] + bytes([blob[-60] ^ 0xFF]) + blob[-59:])  # flip one byte
     with pytest.raises(PayloadError, match="checksum"):
-        store.episodes.get_many(job_id, [meta.episode_id])
+        store.episodes.get_many(job_id, 0, [meta.episode_id])
+    store.client.hset(key, field, blob[:-10])
+    with pytest.raises(PayloadError, match="bytes"):
+        store.episodes.get_many(job_id, 0, [meta.episode_id])
+    store.client.hset(key, field, b"something else entirely")
+    with pytest.raises(PayloadError, match="not an episode"):
+        store.episodes.get_many(job_id, 0, [meta.episode_id])
 
 
 def test_delete_step(store, job_id):

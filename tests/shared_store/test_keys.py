@@ -4,7 +4,7 @@ from shared_store import keys
 
 
 def test_job_keys_share_one_hash_tag():
-    ks = [keys.job("j1"), keys.stream("j1", "events"), keys.episode("j1", "s0-q-r0-c0"), keys.ledger("j1"),
+    ks = [keys.job("j1"), keys.stream("j1", "events"), keys.step_episodes("j1", 0), keys.ledger("j1"),
           keys.policy("j1"), keys.step_record("j1", "manifests", 3), keys.dead_letter(keys.stream("j1", "events"))]  # fmt: skip
     for k in ks:
         assert k.startswith("mgrpo:v1:{j1}:")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from shared_store import EpisodeArrays
-from shared_store.codec import decode_arrays, encode_arrays
+from shared_store.codec import decode_arrays, pack_episode, unpack_episode
 from shared_store.schemas import (
     AlignedBatchManifest,
     AlignedQuery,
@@ -102,8 +102,9 @@ def test_arrays_round_trip_bit_identical():
     arr = EpisodeArrays.of(
         arr.token_ids, np.append(arr.logp[:-2], [np.float32(-np.inf), np.float32(np.nan)]), arr.loss_mask
     )
-    fields, crc = encode_arrays(arr)
-    back = decode_arrays(fields, len(arr), crc, "ep")
+    meta_json, body = unpack_episode(pack_episode(b'{"m": 1}', arr), "ep")
+    assert bytes(meta_json) == b'{"m": 1}'
+    back = decode_arrays(body, len(arr), arr.checksum(), "ep")
     for name in ("token_ids", "logp", "loss_mask"):
         assert getattr(back, name).tobytes() == getattr(arr, name).tobytes()
         assert getattr(back, name).dtype == getattr(arr, name).dtype
@@ -111,11 +112,15 @@ def test_arrays_round_trip_bit_identical():
 
 def test_corrupted_arrays_are_detected():
     arr = EpisodeArrays.of([1, 2, 3], [0.1, 0.2, 0.3], [0, 1, 1])
-    fields, crc = encode_arrays(arr)
-    flipped = dict(fields, logp=bytes([fields["logp"][0] ^ 1]) + fields["logp"][1:])
+    _, body = unpack_episode(pack_episode(b"{}", arr), "ep")
+    flipped = bytes([body[0] ^ 1]) + bytes(body[1:])
     with pytest.raises(PayloadError, match="checksum"):
-        decode_arrays(flipped, 3, crc, "ep")
+        decode_arrays(flipped, 3, arr.checksum(), "ep")
     with pytest.raises(PayloadError, match="bytes"):
-        decode_arrays(dict(fields, token_ids=fields["token_ids"][:-1]), 3, crc, "ep")
+        decode_arrays(body[:-1], 3, arr.checksum(), "ep")
+    with pytest.raises(PayloadError, match="not an episode"):
+        unpack_episode(b"XXXX\x00\x00\x00\x00", "ep")
+    with pytest.raises(PayloadError, match="too short"):
+        unpack_episode(b"MG", "ep")
     with pytest.raises(ValueError, match="one length"):
         EpisodeArrays.of([1, 2], [0.1], [1, 1])

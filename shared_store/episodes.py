@@ -1,6 +1,6 @@
 """The episode store: every sub-agent episode of one step lives in one Redis hash.
 
-    mgrpo:v1:{job}:episodes:<step>   HASH  episode_id → blob (metadata JSON + three arrays, see codec)
+    keys.step_episodes(job, step)   HASH  episode_id → blob (metadata JSON + three arrays, see codec)
 
 Written once per (job, step, query, rollout, call); a batch of episodes is one HSET, a fetch of many
 is one HMGET, and garbage collection of a finished step is one UNLINK. The hash carries a TTL as a

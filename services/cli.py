@@ -85,9 +85,7 @@ def demo(
         with redis_url_or_embedded(redis_url, out) as url:
             store = Store.connect(url, wait_s=redis_wait_s)
             _run_demo(store, steps, seed, out)
-    except StoreUnavailableError as exc:
-        raise fail(str(exc)) from None
-    except ValueError as exc:
+    except (StoreUnavailableError, ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from None
 
 

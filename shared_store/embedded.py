@@ -46,7 +46,7 @@ class RedisServer:
         appendonly: bool = False,
         password: str | None = None,
     ) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # redis-server chdirs to --dir: relative paths would break
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,9 +13,22 @@ from shared_store.schemas import AlignedBatchManifest
 from shared_store.streams import get_step
 
 
-def mgrpo(*args, env=None, timeout=240):
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mgrpo(*args, env=None, timeout=240, cwd=None, drop=()):
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop}
+    full_env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+                          timeout=timeout, env=full_env, cwd=cwd)  # fmt: skip
+
+
+def test_demo_with_embedded_redis_and_relative_run_dir(tmp_path):
+    """The README's first command path: no REDIS_URL, so the demo starts its own redis-server."""
+    proc = mgrpo("demo", "--steps", "2", "--run-dir", "out", cwd=tmp_path, drop=("REDIS_URL",))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "embedded Redis" in proc.stdout
+    assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.redis

@@ -12,7 +12,6 @@ from shared_store import Store, keys
 from shared_store.schemas import AlignedBatchManifest
 from shared_store.streams import get_step
 
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

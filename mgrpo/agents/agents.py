@@ -1,0 +1,143 @@
+"""The planner (delegates subtasks, answers) and the tool-using sub-agent, plus their demonstrations.
+
+`delegate(subtask) -> Delegation` is in-process for unit tests and the warm start, and an HTTP call
+to the sub-agent service once services exist. A planner rollout records its delegations (d_k) and
+the ids of the resulting sub-agent episodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from mgrpo.agents.format import (
+    OBSERVATION_TAGS,
+    PLANNER_STOPS,
+    SUBAGENT_STOPS,
+    Action,
+    parse_planner_turn,
+    parse_subagent_turn,
+)
+from mgrpo.agents.loop import Transcript, observation_ids, run_agent
+from mgrpo.engines.base import RolloutEngine, SamplingParams
+
+
+@dataclass(frozen=True)
+class Delegation:
+    subtask: str
+    result: str
+    episode_id: str | None = None
+
+
+@dataclass
+class PlannerRollout:
+    transcript: Transcript
+    delegations: list[Delegation] = field(default_factory=list)
+
+    @property
+    def n_delegations(self) -> int:
+        return len(self.delegations)
+
+
+def planner_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+    return list(tokenizer.encode(f"Q: {question}\n", add_special_tokens=False))
+
+
+def subagent_prompt(tokenizer: PreTrainedTokenizerBase, subtask: str) -> list[int]:
+    return list(tokenizer.encode(f"T: {subtask}\n", add_special_tokens=False))
+
+
+def _stop_ids(tokenizer: PreTrainedTokenizerBase, tags: tuple[str, ...]) -> tuple[int, ...]:
+    ids = tokenizer.convert_tokens_to_ids(list(tags))
+    if not isinstance(ids, list) or tokenizer.unk_token_id in ids:
+        raise ValueError(
+            f"the tokenizer lacks the format tags {tags}; build it with mgrpo.models.train_tokenizer"
+        )
+    return tuple(int(i) for i in ids)
+
+
+@dataclass
+class AgentLimits:
+    max_turns: int = 6
+    max_context_tokens: int = 512
+    max_new_tokens_per_turn: int = 48
+
+
+class PlannerAgent:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        delegate: Callable[[str], Delegation],
+        *,
+        temperature: float = 1.0,
+        limits: AgentLimits | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.delegate = engine, tokenizer, delegate
+        self.limits = limits or AgentLimits()
+        self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
+                                     stop_token_ids=_stop_ids(tokenizer, PLANNER_STOPS))  # fmt: skip
+
+    def rollout(self, question: str, *, seed: int | None = None) -> PlannerRollout:
+        delegations: list[Delegation] = []
+
+        def act(action: Action) -> list[int]:
+            d = self.delegate(action.content)
+            delegations.append(d)
+            return observation_ids(self.tokenizer, OBSERVATION_TAGS["planner"], d.result)
+
+        tr = run_agent(self.engine, planner_prompt(self.tokenizer, question), parse=parse_planner_turn, act=act,
+                       params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
+                       max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
+        return PlannerRollout(tr, delegations)
+
+
+class SubAgent:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        call_tool: Callable[[str, str], str],
+        *,
+        temperature: float = 1.0,
+        limits: AgentLimits | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.call_tool = engine, tokenizer, call_tool
+        self.limits = limits or AgentLimits(max_turns=4)
+        self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
+                                     stop_token_ids=_stop_ids(tokenizer, SUBAGENT_STOPS))  # fmt: skip
+
+    def run(self, subtask: str, *, seed: int | None = None) -> Transcript:
+        def act(action: Action) -> list[int]:
+            if action.kind != "tool_call":  # pragma: no cover - the parser admits only tool_call/result
+                raise ValueError(action.kind)
+            return observation_ids(
+                self.tokenizer, OBSERVATION_TAGS["subagent"], self.call_tool(*action.tool())
+            )
+
+        return run_agent(self.engine, subagent_prompt(self.tokenizer, subtask), parse=parse_subagent_turn, act=act,
+                         params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
+                         max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
+
+
+def _seeded(params: SamplingParams, seed: int | None) -> SamplingParams:
+    from dataclasses import replace
+
+    return params if seed is None else replace(params, seed=seed)
+
+
+def demo_transcript(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[int],
+    turns: list[tuple[str, str | None]],
+    obs_tag: str,
+) -> Transcript:
+    """A demonstration in the exact token layout of a rollout: each (generated text, observation or None)."""
+    tr = Transcript.start(prompt_ids)
+    for text, observation in turns:
+        tr.add(list(tokenizer.encode(text, add_special_tokens=False)), generated=True)
+        if observation is not None:
+            tr.add(observation_ids(tokenizer, obs_tag, observation), generated=False)
+    return tr

@@ -1,0 +1,96 @@
+"""Run the planner + sub-agent system on questions and score it, next to honest baselines.
+
+Every evaluation reports, beside success: the majority-answer baseline on the same questions, and
+two process metrics — the share of planner rollouts whose first delegation is the gold first
+subtask, and the share of sub-agent episodes whose first tool call searches the entity its subtask
+names. A gain that only raw success shows is not a gain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mgrpo.agents.agents import Delegation, PlannerAgent, PlannerRollout, SubAgent
+from mgrpo.agents.loop import Transcript
+from mgrpo.algo.rewards import normalize_answer
+from mgrpo.engines.hf import HFEngine
+from mgrpo.tasks.deep_research import _SUBTASK, DeepResearchTask, Question, gold_plan
+
+
+@dataclass
+class System:
+    """A planner and a sub-agent, each with its own model and engine, delegating in-process."""
+
+    task: DeepResearchTask
+    planner_engine: HFEngine
+    subagent_engine: HFEngine
+    temperature: float = 1.0
+    episodes: list[tuple[str, Transcript]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, task: DeepResearchTask, planner: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+              subagent: tuple[PreTrainedModel, PreTrainedTokenizerBase], *, temperature: float = 1.0) -> System:  # fmt: skip
+        return cls(task, HFEngine(*planner), HFEngine(*subagent), temperature)
+
+    def subagent(self) -> SubAgent:
+        return SubAgent(self.subagent_engine, self.subagent_engine.tokenizer, self.task.call_tool,
+                        temperature=self.temperature)  # fmt: skip
+
+    def planner(self) -> PlannerAgent:
+        sub = self.subagent()
+
+        def delegate(subtask: str) -> Delegation:
+            tr = sub.run(subtask)
+            self.episodes.append((subtask, tr))
+            return Delegation(subtask, tr.final if tr.format_ok and tr.final else "no result")
+
+        return PlannerAgent(
+            self.planner_engine, self.planner_engine.tokenizer, delegate, temperature=self.temperature
+        )
+
+    def run(self, questions: Sequence[Question], *, concurrency: int = 64) -> list[PlannerRollout]:
+        agent = self.planner()
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return list(pool.map(lambda q: agent.rollout(q.text), questions))
+
+    def close(self) -> None:
+        self.planner_engine.close()
+        self.subagent_engine.close()
+
+
+def _first_tool_ok(subtask: str, tr: Transcript) -> bool:
+    m = _SUBTASK.match(subtask)
+    if m is None or not tr.actions or tr.actions[0].kind != "tool_call":
+        return False
+    name, arg = tr.actions[0].tool()
+    return name == "search" and normalize_answer(arg) == normalize_answer(m.group(2))
+
+
+def evaluate(system: System, questions: Sequence[Question], majority: dict[str, str]) -> dict[str, float]:
+    """Success, format rate, baselines and process metrics of the system on `questions`."""
+    system.episodes.clear()
+    rollouts = system.run(questions)
+    task = system.task
+    correct = [task.correct(r.transcript.final or "", q.answer) if r.transcript.format_ok else 0.0
+               for r, q in zip(rollouts, questions, strict=True)]  # fmt: skip
+    first_ok = [bool(r.delegations) and r.delegations[0].subtask.strip() == gold_plan(task.world, q)[0][0]
+                for r, q in zip(rollouts, questions, strict=True)]  # fmt: skip
+    judged = [task.judge(s, tr.final or "") for s, tr in system.episodes if tr.format_ok]
+    judged = [j for j in judged if not math.isnan(j)]
+    n_eps = max(1, len(system.episodes))
+    return {
+        "success": sum(correct) / len(questions),
+        "majority_baseline": sum(majority.get(q.kind) == normalize_answer(q.answer) for q in questions)
+        / len(questions),
+        "planner_format_ok": sum(r.transcript.format_ok for r in rollouts) / len(questions),
+        "planner_first_delegation_gold": sum(first_ok) / len(questions),
+        "delegations_per_rollout": sum(r.n_delegations for r in rollouts) / len(questions),
+        "subagent_format_ok": sum(tr.format_ok for _, tr in system.episodes) / n_eps,
+        "subagent_first_search_right_entity": sum(_first_tool_ok(s, tr) for s, tr in system.episodes) / n_eps,
+        "subagent_fact_found": sum(judged) / n_eps,
+    }

@@ -1,0 +1,119 @@
+"""Hugging Face causal LMs: load by path or name, tiny presets built from a config, offline tokenizers.
+
+No model hub is reachable on the development machines, so tests and the demo build tiny Qwen3-style
+models from a config plus a byte-level BPE tokenizer trained offline on the task's text (both in
+under a second), save them as ordinary HF folders, and load them back with `from_pretrained` — the
+same code that loads a real checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+)
+
+# The agents' tags are single special tokens, so stopping and parsing never depend on BPE merges.
+SPECIAL_TOKENS = [
+    "<pad>", "<eos>",
+    "<think>", "</think>", "<delegate>", "</delegate>", "<delegate_result>", "</delegate_result>",
+    "<answer>", "</answer>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<result>", "</result>",
+]  # fmt: skip
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # ~0.44M parameters at vocab 320: the planner default
+    "tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=24),
+    # ~0.5M, another shape: the sub-agent default (the two models differ on purpose)
+    "tiny-wide": dict(hidden_size=128, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32),
+    # ~3.2M: the throughput / MFU preset
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=32),
+}  # fmt: skip
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained offline on `texts`, tags as special tokens, left padding for batched generation."""
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (bytes + special tokens), got {vocab_size}"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left",
+        additional_special_tokens=SPECIAL_TOKENS[2:],
+    )  # fmt: skip
+
+
+def build_model(
+    preset: str, tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, max_positions: int = 1024
+) -> PreTrainedModel:
+    """A freshly initialised Qwen3-style causal LM of a named preset, sized to the tokenizer."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), max_position_embeddings=max_positions, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        **PRESETS[preset],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return cast(PreTrainedModel, AutoModelForCausalLM.from_config(config))
+
+
+def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
+    """An ordinary HF folder (safetensors + config + tokenizer) that transformers, SGLang and vLLM load."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load(path_or_name: str | Path, **kwargs: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load a causal LM and its tokenizer with `from_pretrained` (a local folder, or a hub name where reachable)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path_or_name), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path_or_name), padding_side="left")
+    except OSError as exc:
+        raise ValueError(f"cannot load a model from {str(path_or_name)!r}: {exc}") from exc
+    return cast(PreTrainedModel, model), cast(PreTrainedTokenizerFast, tokenizer)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def token_logprobs(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """Teacher-forced log-probs of each next token: out[:, t] = log p(input_ids[:, t+1] | prefix).
+
+    input_ids, attention_mask: (B, T) with left or right padding. Returns (B, T-1). The same
+    temperature scaling as the rollout engine (logits / T), so these match the recorded `logp_old`.
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    ).logits  # (B, T, V)
+    logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)

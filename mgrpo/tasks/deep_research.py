@@ -1,0 +1,201 @@
+"""The built-in task, "synthetic deep research": questions about a generated world, answered by a
+planner that delegates one-fact subtasks to a sub-agent with a real retrieval tool (BM25, `bm25s`).
+
+Subtask language (what the planner writes inside `<delegate>`), one fact each:
+    birth city of <person> | birth year of <person> | employer of <person> | country of <city> | base of <org>
+
+Questions: stage 1 asks for one fact (1 delegation); stage 2 is multi-hop or comparison (2-4
+delegations, later subtasks naming facts returned by earlier ones). Answers are exact match after
+normalisation. The expert judge scores a sub-agent result 1 when it contains the fact its subtask
+asked for, 0 when not, NaN when the subtask is not in the language above (unscorable).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import bm25s
+
+from mgrpo.algo.rewards import normalize_answer
+from mgrpo.tasks.world import World, generate_world
+
+STAGE1_KINDS = ("city", "year", "employer")
+STAGE2_KINDS = ("country", "org_city", "org_country", "earlier", "same_country")
+_SUBTASK = re.compile(r"^\s*(birth city|birth year|employer|country|base) of (.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    text: str
+    answer: str
+    stage: int
+    kind: str
+    entities: tuple[str, ...] = ()
+    split: str = "custom"
+
+
+def fact(world: World, subtask: str) -> str | None:
+    """The gold answer of a subtask, or None when it is not in the subtask language / world."""
+    m = _SUBTASK.match(subtask)
+    if not m:
+        return None
+    rel, ent = m.group(1), m.group(2)
+    if rel in ("birth city", "birth year", "employer"):
+        p = world.people.get(ent)
+        if p is None:
+            return None
+        return {"birth city": p.birth_city, "birth year": str(p.birth_year), "employer": p.employer}[rel]
+    if rel == "country":
+        c = world.cities.get(ent)
+        return c.country if c else None
+    o = world.orgs.get(ent)
+    return o.base if o else None
+
+
+def gold_plan(world: World, q: Question) -> list[tuple[str, str]]:
+    """The demonstration plan of a built-in question: (subtask, its fact) in delegation order."""
+    steps: list[tuple[str, str]] = []
+
+    def ask(subtask: str) -> str:
+        value = fact(world, subtask)
+        if value is None:
+            raise ValueError(f"no fact for subtask {subtask!r}")
+        steps.append((subtask, value))
+        return value
+
+    a = q.entities[0]
+    if q.kind in ("city", "country", "same_country"):
+        city = ask(f"birth city of {a}")
+        if q.kind == "same_country":
+            city_b = ask(f"birth city of {q.entities[1]}")
+            ask(f"country of {city}")
+            ask(f"country of {city_b}")
+        elif q.kind == "country":
+            ask(f"country of {city}")
+    elif q.kind == "year":
+        ask(f"birth year of {a}")
+    elif q.kind == "earlier":
+        ask(f"birth year of {a}")
+        ask(f"birth year of {q.entities[1]}")
+    else:  # employer, org_city, org_country
+        org = ask(f"employer of {a}")
+        if q.kind != "employer":
+            base = ask(f"base of {org}")
+            if q.kind == "org_country":
+                ask(f"country of {base}")
+    return steps
+
+
+def _question(world: World, kind: str, a: str, b: str, split: str, qid: str) -> Question:
+    pa, pb = world.people[a], world.people[b]
+    same = world.cities[pa.birth_city].country == world.cities[pb.birth_city].country
+    text, answer = {
+        "city": (f"Where was {a} born?", pa.birth_city),
+        "year": (f"When was {a} born?", str(pa.birth_year)),
+        "employer": (f"Who employs {a}?", pa.employer),
+        "country": (f"In which country was {a} born?", world.cities[pa.birth_city].country),
+        "org_city": (f"Where is the employer of {a} based?", world.orgs[pa.employer].base),
+        "org_country": (f"In which country is the employer of {a} based?",
+                        world.cities[world.orgs[pa.employer].base].country),
+        "earlier": (f"Who was born first, {a} or {b}?", a if pa.birth_year < pb.birth_year else b),
+        "same_country": (f"Were {a} and {b} born in the same country?", "yes" if same else "no"),
+    }[kind]  # fmt: skip
+    entities = (a, b) if kind in ("earlier", "same_country") else (a,)
+    return Question(qid, text, answer, 1 if kind in STAGE1_KINDS else 2, kind, entities, split)
+
+
+def make_questions(world: World, split: str, stage: int, n: int, *, seed: int = 0) -> list[Question]:
+    """`n` questions of one stage whose people all come from `split` ("train" or "heldout")."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if stage not in (1, 2):
+        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    people = world.train_people if split == "train" else world.heldout_people
+    kinds = STAGE1_KINDS if stage == 1 else STAGE2_KINDS
+    rng = random.Random(f"{world.seed}:{split}:{stage}:{seed}")
+    out: list[Question] = []
+    while len(out) < n:
+        kind = kinds[len(out) % len(kinds)]
+        a, b = rng.sample(people, 2)
+        if kind == "earlier" and world.people[a].birth_year == world.people[b].birth_year:
+            continue
+        out.append(_question(world, kind, a, b, split, f"{split[0]}{stage}-{seed}-{len(out)}"))
+    return out
+
+
+def majority_answers(questions: Iterable[Question]) -> dict[str, str]:
+    """The most common answer per question kind (the majority-answer baseline's guess)."""
+    by_kind: dict[str, Counter[str]] = {}
+    for q in questions:
+        by_kind.setdefault(q.kind, Counter())[normalize_answer(q.answer)] += 1
+    return {k: c.most_common(1)[0][0] for k, c in by_kind.items()}
+
+
+def load_jsonl(path: str | Path) -> list[Question]:
+    """User datasets: one JSON object a line with "query", "answer" and optional "metadata"."""
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            query, answer = str(row["query"]), str(row["answer"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{path}:{i}: each line needs a JSON object with 'query' and 'answer' ({exc})"
+            ) from exc
+        meta = row.get("metadata") or {}
+        out.append(Question(str(meta.get("id", f"u{i}")), query, answer, int(meta.get("stage", 0)),
+                            str(meta.get("kind", "custom"))))  # fmt: skip
+    return out
+
+
+class DeepResearchTask:
+    """World + BM25 index + tools + judge. `tools` is a plain dict a user can extend."""
+
+    def __init__(self, world: World | None = None, *, top_k: int = 3) -> None:
+        self.world = world or generate_world()
+        self.top_k = top_k
+        self._tokenizer = bm25s.tokenization.Tokenizer(stopwords=None, lower=True, splitter=r"(?u)\b\w+\b")
+        corpus_tokens = self._tokenizer.tokenize(
+            [f"{d.title} {d.text}" for d in self.world.docs], show_progress=False
+        )
+        self._index = bm25s.BM25()
+        self._index.index(corpus_tokens, show_progress=False)
+        self.tools: dict[str, Callable[[str], str]] = {"search": self.search, "open": self.open}
+
+    def search(self, query: str) -> str:
+        """Top-k documents for a query: one 'd<id> <title>' line each."""
+        tokens = self._tokenizer.tokenize([query], update_vocab=False, show_progress=False)
+        if not tokens or not tokens[0] or all(t == 0 and len(tokens[0]) == 1 for t in tokens[0]):
+            return "no results"
+        ids, scores = self._index.retrieve(tokens, k=self.top_k, show_progress=False)
+        hits = [self.world.docs[int(i)] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+        return "\n".join(f"{d.doc_id} {d.title}" for d in hits) or "no results"
+
+    def open(self, doc_id: str) -> str:
+        doc = self.world.doc_by_id(doc_id.strip())
+        return doc.text if doc else f"no document {doc_id.strip()!r}"
+
+    def call_tool(self, name: str, argument: str) -> str:
+        tool = self.tools.get(name)
+        return tool(argument) if tool else f"unknown tool {name!r}; tools: {', '.join(sorted(self.tools))}"
+
+    def judge(self, subtask: str, result: str) -> float:
+        """Expert score of a sub-agent result: 1 if it contains the subtask's fact, else 0; NaN if unscorable."""
+        gold = fact(self.world, subtask)
+        if gold is None:
+            return math.nan
+        return float(f" {normalize_answer(gold)} " in f" {normalize_answer(result)} ")
+
+    @staticmethod
+    def correct(answer: str, gold: str) -> float:
+        return float(normalize_answer(answer) == normalize_answer(gold))

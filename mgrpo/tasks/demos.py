@@ -1,0 +1,39 @@
+"""Demonstrations of the built-in task in the agents' exact token layout (for the warm start)."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from mgrpo.agents.agents import demo_transcript, planner_prompt, subagent_prompt
+from mgrpo.agents.format import OBSERVATION_TAGS
+from mgrpo.agents.loop import Transcript
+from mgrpo.tasks.deep_research import _SUBTASK, DeepResearchTask, Question, fact, gold_plan
+
+
+def planner_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, q: Question) -> Transcript:
+    turns: list[tuple[str, str | None]] = [
+        (f"<delegate>{sub}</delegate>", value) for sub, value in gold_plan(task.world, q)
+    ]
+    turns.append((f"<answer>{q.answer}</answer>", None))
+    return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["planner"])
+
+
+def subagent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, subtask: str) -> Transcript:
+    m = _SUBTASK.match(subtask)
+    value = fact(task.world, subtask)
+    if m is None or value is None:
+        raise ValueError(f"no demonstration for subtask {subtask!r}")
+    entity = m.group(2)
+    doc = next(d for d in task.world.docs if d.title == entity)
+    turns: list[tuple[str, str | None]] = [
+        (f"<tool_call>search {entity}</tool_call>", task.search(entity)),
+        (f"<tool_call>open {doc.doc_id}</tool_call>", task.open(doc.doc_id)),
+        (f"<result>{value}</result>", None),
+    ]
+    return demo_transcript(
+        tokenizer, subagent_prompt(tokenizer, subtask), turns, OBSERVATION_TAGS["subagent"]
+    )
+
+
+def subtasks_of(task: DeepResearchTask, questions: list[Question]) -> list[str]:
+    return [sub for q in questions for sub, _ in gold_plan(task.world, q)]

@@ -1,0 +1,64 @@
+"""The SGLang client against a stand-in server that speaks SGLang's JSON (no GPU in CI), and a
+`gpu`-marked test against a real SGLang server (set SGLANG_URL, or run on a GPU machine)."""
+
+import os
+
+import pytest
+import torch
+
+from mgrpo.engines.base import SamplingParams
+from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.sglang import SGLangEngine, SGLangError
+from mgrpo.models import build_model, save, token_logprobs
+from tests.mgrpo.sglang_standin import StandIn
+
+
+@pytest.fixture
+def standin(tiny_model, tokenizer):
+    hf = HFEngine(tiny_model, tokenizer)
+    with StandIn(hf) as url:
+        yield url
+    hf.close()
+
+
+def test_generate_through_sglang_json(standin, tiny_model, tokenizer):
+    eng = SGLangEngine(standin, eos_token_id=tokenizer.eos_token_id)
+    prompts = [
+        tokenizer.encode("Kir Naibram was", add_special_tokens=False),
+        tokenizer.encode("Dodus is", add_special_tokens=False),
+    ]
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=10, seed=3))
+    assert len(out) == 2
+    for p, s in zip(prompts, out, strict=True):
+        assert 1 <= len(s.token_ids) == len(s.logprobs) <= 10
+        ids = torch.tensor([p + s.token_ids])
+        ref = token_logprobs(tiny_model, ids, torch.ones_like(ids))[0, len(p) - 1 :]
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4)
+    stop = out[0].token_ids[0]
+    (s,) = eng.generate(prompts[:1], SamplingParams(max_new_tokens=10, seed=3, stop_token_ids=(stop,)))
+    assert s.finish_reason == "stop" and s.token_ids == [stop]
+
+
+def test_update_weights_and_errors(standin, tiny_model, tokenizer, tmp_path):
+    eng = SGLangEngine(standin)
+    before = [p.clone() for p in tiny_model.parameters()]
+    save(build_model("tiny", tokenizer, seed=9), tokenizer, tmp_path / "v2")
+    try:
+        eng.update_weights(str(tmp_path / "v2"))
+        assert not torch.equal(next(tiny_model.parameters()), before[0])
+        with pytest.raises(SGLangError, match="refused"):
+            eng.update_weights(str(tmp_path))
+    finally:
+        with torch.no_grad():
+            for p, b in zip(tiny_model.parameters(), before, strict=True):
+                p.copy_(b)
+    with pytest.raises(SGLangError, match="unreachable"):
+        SGLangEngine("http://127.0.0.1:1", timeout_s=1).generate([[1]], SamplingParams())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not os.environ.get("SGLANG_URL"), reason="set SGLANG_URL to a running SGLang server")
+def test_real_sglang_server():
+    eng = SGLangEngine(os.environ["SGLANG_URL"])
+    (s,) = eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8))
+    assert len(s.token_ids) == len(s.logprobs) >= 1

@@ -1,0 +1,106 @@
+import json
+import math
+
+import pytest
+
+from mgrpo.tasks.deep_research import (
+    STAGE2_KINDS,
+    DeepResearchTask,
+    fact,
+    gold_plan,
+    load_jsonl,
+    majority_answers,
+    make_questions,
+)
+from mgrpo.tasks.world import generate_world
+
+
+@pytest.fixture(scope="module")
+def task():
+    return DeepResearchTask(generate_world(0, n_people=300))
+
+
+def test_world_is_deterministic_per_seed():
+    a, b, c = generate_world(3, n_people=50), generate_world(3, n_people=50), generate_world(4, n_people=50)
+    assert a.people == b.people and a.docs == b.docs and a.heldout_people == b.heldout_people
+    assert a.people != c.people
+
+
+def test_split_by_entity(task):
+    w = task.world
+    assert not set(w.train_people) & set(w.heldout_people)
+    assert len(w.train_people) + len(w.heldout_people) == len(w.people)
+    for q in make_questions(w, "heldout", 2, 50) + make_questions(w, "heldout", 1, 30):
+        assert set(q.entities) <= set(w.heldout_people)
+        for sub, _ in gold_plan(w, q):
+            assert not any(p in sub for p in w.train_people)
+    for q in make_questions(w, "train", 2, 50):
+        assert set(q.entities) <= set(w.train_people)
+
+
+def test_questions_are_deterministic_and_staged(task):
+    q1 = make_questions(task.world, "train", 2, 20, seed=1)
+    assert q1 == make_questions(task.world, "train", 2, 20, seed=1)
+    assert q1 != make_questions(task.world, "train", 2, 20, seed=2)
+    assert {q.kind for q in q1} == set(STAGE2_KINDS)
+    for q in q1:
+        assert 2 <= len(gold_plan(task.world, q)) <= 4  # stage 2 needs 2-4 delegations
+    for q in make_questions(task.world, "train", 1, 9):
+        assert len(gold_plan(task.world, q)) == 1
+
+
+def test_gold_plan_reaches_the_answer(task):
+    w = task.world
+    for q in make_questions(w, "train", 2, 30):
+        plan = gold_plan(w, q)
+        if q.kind in ("country", "org_city", "org_country"):
+            assert plan[-1][1] == q.answer
+        if q.kind == "earlier":
+            (_, ya), (_, yb) = plan
+            assert q.answer == (q.entities[0] if int(ya) < int(yb) else q.entities[1])
+
+
+def test_retrieval_returns_the_gold_document(task):
+    w = task.world
+    for q in make_questions(w, "heldout", 2, 30):
+        for sub, value in gold_plan(w, q):
+            entity = sub.split(" of ", 1)[1]
+            top = task.search(entity).splitlines()[0]
+            doc_id, title = top.split(" ", 1)
+            assert title == entity
+            assert value in task.open(doc_id)
+    assert task.search("qqqq zzzz") == "no results"
+    assert task.open("d999999").startswith("no document")
+    assert "unknown tool" in task.call_tool("fly", "x")
+
+
+def test_judge_and_correct(task):
+    p = task.world.people[task.world.train_people[0]]
+    assert task.judge(f"birth city of {p.name}", f"It is {p.birth_city}.") == 1.0
+    assert task.judge(f"birth year of {p.name}", "1000") == 0.0
+    assert math.isnan(task.judge("favourite colour of nobody", "blue"))
+    assert fact(task.world, "birth city of Nobody Known") is None
+    assert task.correct("The Kruteth.", "kruteth") == 1.0
+
+
+def test_majority_baseline(task):
+    qs = make_questions(task.world, "train", 2, 100)
+    maj = majority_answers(qs)
+    assert maj["same_country"] in ("yes", "no") and set(maj) == set(STAGE2_KINDS)
+
+
+def test_jsonl_dataset(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"query": "2+2?", "answer": "4", "metadata": {"stage": 1}}) + "\n\n")
+    (q,) = load_jsonl(path)
+    assert (q.text, q.answer, q.stage) == ("2+2?", "4", 1)
+    path.write_text('{"query": "no answer"}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:1: .*'answer'"):
+        load_jsonl(path)
+
+
+def test_bad_arguments(task):
+    with pytest.raises(ValueError, match="split"):
+        make_questions(task.world, "test", 1, 1)
+    with pytest.raises(ValueError, match="at least"):
+        generate_world(0, n_people=3)

@@ -55,4 +55,4 @@ def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: To
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     model.eval()
-    return float(loss)
+    return loss.item()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mgrpo.agents.agents import Delegation, PlannerAgent, PlannerRollout, SubAgent
+from mgrpo.agents.agents import Delegation, PlannerAgent, PlannerRollout, SingleAgent, SubAgent
 from mgrpo.agents.loop import Transcript
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.engines.hf import HFEngine
@@ -93,4 +93,33 @@ def evaluate(system: System, questions: Sequence[Question], majority: dict[str, 
         "subagent_format_ok": sum(tr.format_ok for _, tr in system.episodes) / n_eps,
         "subagent_first_search_right_entity": sum(_first_tool_ok(s, tr) for s, tr in system.episodes) / n_eps,
         "subagent_fact_found": sum(judged) / n_eps,
+    }
+
+
+def evaluate_single(
+    engine: HFEngine, task: DeepResearchTask, questions: Sequence[Question], majority: dict[str, str],
+    *, temperature: float = 1.0, concurrency: int = 64,
+) -> dict[str, float]:  # fmt: skip
+    """The single-agent baseline on `questions`: success, format rate, majority baseline, and the
+    process metric 'first tool call searches the question's first entity'."""
+    agent = SingleAgent(engine, engine.tokenizer, task.call_tool, temperature=temperature)
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        transcripts = list(pool.map(lambda q: agent.rollout(q.text), questions))
+    correct = [
+        task.correct(t.final or "", q.answer) if t.format_ok else 0.0
+        for t, q in zip(transcripts, questions, strict=True)
+    ]
+    first_ok = [
+        bool(t.actions)
+        and t.actions[0].kind == "tool_call"
+        and t.actions[0].tool() == ("search", q.entities[0])
+        for t, q in zip(transcripts, questions, strict=True)
+    ]
+    return {
+        "success": sum(correct) / len(questions),
+        "majority_baseline": sum(majority.get(q.kind) == normalize_answer(q.answer) for q in questions)
+        / len(questions),
+        "format_ok": sum(t.format_ok for t in transcripts) / len(questions),
+        "first_search_right_entity": sum(first_ok) / len(questions),
+        "tool_calls_per_rollout": sum(len(t.actions) - 1 for t in transcripts) / len(questions),
     }

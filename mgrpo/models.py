@@ -21,6 +21,9 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen3Config,
 )
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # shard-writing bars would drown our own progress display
 
 # The agents' tags are single special tokens, so stopping and parsing never depend on BPE merges.
 SPECIAL_TOKENS = [

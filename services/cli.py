@@ -58,6 +58,43 @@ def version() -> None:
 
 
 @app.command()
+def warmstart(
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="SFT steps (default: the documented early stop).")
+    ] = None,
+    n_people: Annotated[int | None, typer.Option(min=10, help="People in the generated world.")] = None,
+    seed: Annotated[int, typer.Option(help="World and training seed.")] = 0,
+    cache_dir: Annotated[Path, typer.Option(help="Where warm starts are cached.")] = Path(".cache/mgrpo"),
+    single_agent: Annotated[bool, typer.Option(help="Warm-start the single-agent baseline instead.")] = False,
+) -> None:
+    """Warm-start (SFT) the tiny planner and sub-agent on demonstrations; cached and reused."""
+    from mgrpo.warmstart import WarmstartConfig, cached_warmstart
+
+    default = WarmstartConfig()
+    cfg = WarmstartConfig(seed=seed, steps=steps or default.steps, n_people=n_people or default.n_people)
+    cols = (TextColumn("[bold]warm start"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"))  # fmt: skip
+    with Progress(*cols, console=console) as bar:
+        task = bar.add_task("sft", total=cfg.steps, info="")
+
+        def on_step(step: int, m: dict[str, float]) -> None:
+            info = "  ".join(f"{k.replace('/sft_loss', '')} loss {v:.3f}" for k, v in m.items())
+            bar.update(
+                task, completed=step + 1, info=info if step + 1 < cfg.steps else "evaluating held-out …"
+            )
+
+        result = cached_warmstart(cfg, cache_dir, single_agent=single_agent, on_step=on_step)
+        bar.update(task, completed=cfg.steps, info="done")
+    console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
+    for name, m in result.metrics.items():
+        process = "  ".join(f"{k} {v:.2f}" for k, v in m.items() if k not in ("success", "majority_baseline"))
+        console.print(
+            f"[bold]{name}[/] success {m['success']:.2f}  majority baseline {m['majority_baseline']:.2f}"
+        )
+        console.print(f"  [dim]{process}[/]")
+
+
+@app.command()
 def demo(
     steps: Annotated[int, typer.Option(min=1, max=10_000, help="Training steps.")] = 40,
     run_dir: Annotated[

@@ -15,9 +15,11 @@ from transformers import PreTrainedTokenizerBase
 from mgrpo.agents.format import (
     OBSERVATION_TAGS,
     PLANNER_STOPS,
+    SINGLE_STOPS,
     SUBAGENT_STOPS,
     Action,
     parse_planner_turn,
+    parse_single_turn,
     parse_subagent_turn,
 )
 from mgrpo.agents.loop import Transcript, observation_ids, run_agent
@@ -118,6 +120,32 @@ class SubAgent:
             )
 
         return run_agent(self.engine, subagent_prompt(self.tokenizer, subtask), parse=parse_subagent_turn, act=act,
+                         params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
+                         max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
+
+
+class SingleAgent:
+    """The paper's single-agent baseline: one model, the sub-agent's tools, the planner's answer tag."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        call_tool: Callable[[str, str], str],
+        *,
+        temperature: float = 1.0,
+        limits: AgentLimits | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.call_tool = engine, tokenizer, call_tool
+        self.limits = limits or AgentLimits(max_turns=10, max_context_tokens=1024)
+        self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
+                                     stop_token_ids=_stop_ids(tokenizer, SINGLE_STOPS))  # fmt: skip
+
+    def rollout(self, question: str, *, seed: int | None = None) -> Transcript:
+        def act(action: Action) -> list[int]:
+            return observation_ids(self.tokenizer, OBSERVATION_TAGS["single"], self.call_tool(*action.tool()))
+
+        return run_agent(self.engine, planner_prompt(self.tokenizer, question), parse=parse_single_turn, act=act,
                          params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
                          max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
 

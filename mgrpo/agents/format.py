@@ -2,6 +2,7 @@
 
 Planner turn:    [<think>…</think>] then exactly one of <delegate>subtask</delegate> | <answer>text</answer>
 Sub-agent turn:  [<think>…</think>] then exactly one of <tool_call>name argument</tool_call> | <result>text</result>
+Single agent:    [<think>…</think>] then exactly one of <tool_call>name argument</tool_call> | <answer>text</answer>
 Inserted by the environment (never trained, loss mask 0):
                  <delegate_result>…</delegate_result> (planner), <tool_response>…</tool_response> (sub-agent)
 
@@ -17,10 +18,12 @@ from dataclasses import dataclass
 
 PLANNER_STOPS = ("</delegate>", "</answer>")
 SUBAGENT_STOPS = ("</tool_call>", "</result>")
-OBSERVATION_TAGS = {"planner": "delegate_result", "subagent": "tool_response"}
+SINGLE_STOPS = ("</tool_call>", "</answer>")
+OBSERVATION_TAGS = {"planner": "delegate_result", "subagent": "tool_response", "single": "tool_response"}
 _THINK = r"\s*(?:<think>(?P<think>[^<]*)</think>)?\s*"
 _PLANNER = re.compile(_THINK + r"<(?P<tag>delegate|answer)>(?P<body>[^<]*)</(?P=tag)>\s*$", re.S)
 _SUBAGENT = re.compile(_THINK + r"<(?P<tag>tool_call|result)>(?P<body>[^<]*)</(?P=tag)>\s*$", re.S)
+_SINGLE = re.compile(_THINK + r"<(?P<tag>tool_call|answer)>(?P<body>[^<]*)</(?P=tag)>\s*$", re.S)
 _ANY_TAG = re.compile(r"</?(think|delegate|delegate_result|answer|tool_call|tool_response|result)>")
 
 
@@ -62,6 +65,14 @@ def parse_subagent_turn(text: str) -> Action:
     action = _parse(_SUBAGENT, "sub-agent", text)
     if action.kind == "tool_call" and not action.tool()[1]:
         raise FormatError(f"sub-agent tool call without an argument: {action.content!r}")
+    return action
+
+
+def parse_single_turn(text: str) -> Action:
+    """The single-agent baseline: one model with the sub-agent's tools, answering like the planner."""
+    action = _parse(_SINGLE, "single-agent", text)
+    if action.kind == "tool_call" and not action.tool()[1]:
+        raise FormatError(f"single-agent tool call without an argument: {action.content!r}")
     return action
 
 

@@ -112,6 +112,11 @@ def _question(world: World, kind: str, a: str, b: str, split: str, qid: str) -> 
     return Question(qid, text, answer, 1 if kind in STAGE1_KINDS else 2, kind, entities, split)
 
 
+def _same_country(world: World, a: str, b: str) -> bool:
+    ca, cb = world.cities[world.people[a].birth_city], world.cities[world.people[b].birth_city]
+    return ca.country == cb.country
+
+
 def make_questions(world: World, split: str, stage: int, n: int, *, seed: int = 0) -> list[Question]:
     """`n` questions of one stage whose people all come from `split` ("train" or "heldout")."""
     if split not in ("train", "heldout"):
@@ -127,6 +132,8 @@ def make_questions(world: World, split: str, stage: int, n: int, *, seed: int = 
         a, b = rng.sample(people, 2)
         if kind == "earlier" and world.people[a].birth_year == world.people[b].birth_year:
             continue
+        if kind == "same_country" and _same_country(world, a, b) != (len(out) // len(kinds)) % 2:
+            continue  # balanced yes/no, so the majority-answer baseline stays honest
         out.append(_question(world, kind, a, b, split, f"{split[0]}{stage}-{seed}-{len(out)}"))
     return out
 
@@ -159,7 +166,9 @@ def load_jsonl(path: str | Path) -> list[Question]:
 
 
 class DeepResearchTask:
-    """World + BM25 index + tools + judge. `tools` is a plain dict a user can extend."""
+    """World + BM25 index + tools + scorers. `tools` (name → fn(argument) → text) and `scorers`
+    ("correct": fn(answer, gold), "expert": fn(subtask, result)) are plain dicts a user can extend
+    or replace, e.g. `task.tools["calc"] = my_calculator`."""
 
     def __init__(self, world: World | None = None, *, top_k: int = 3) -> None:
         self.world = world or generate_world()
@@ -171,6 +180,7 @@ class DeepResearchTask:
         self._index = bm25s.BM25()
         self._index.index(corpus_tokens, show_progress=False)
         self.tools: dict[str, Callable[[str], str]] = {"search": self.search, "open": self.open}
+        self.scorers: dict[str, Callable[[str, str], float]] = {"correct": self.correct, "expert": self.judge}
 
     def search(self, query: str) -> str:
         """Top-k documents for a query: one 'd<id> <title>' line each."""

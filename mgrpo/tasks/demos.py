@@ -23,16 +23,30 @@ def subagent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, su
     value = fact(task.world, subtask)
     if m is None or value is None:
         raise ValueError(f"no demonstration for subtask {subtask!r}")
-    entity = m.group(2)
-    doc = next(d for d in task.world.docs if d.title == entity)
-    turns: list[tuple[str, str | None]] = [
-        (f"<tool_call>search {entity}</tool_call>", task.search(entity)),
-        (f"<tool_call>open {doc.doc_id}</tool_call>", task.open(doc.doc_id)),
-        (f"<result>{value}</result>", None),
-    ]
+    turns = [*_tool_turns(task, m.group(2)), (f"<result>{value}</result>", None)]
     return demo_transcript(
         tokenizer, subagent_prompt(tokenizer, subtask), turns, OBSERVATION_TAGS["subagent"]
     )
+
+
+def _tool_turns(task: DeepResearchTask, entity: str) -> list[tuple[str, str | None]]:
+    doc = next(d for d in task.world.docs if d.title == entity)
+    return [
+        (f"<tool_call>search {entity}</tool_call>", task.search(entity)),
+        (f"<tool_call>open {doc.doc_id}</tool_call>", task.open(doc.doc_id)),
+    ]
+
+
+def single_agent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, q: Question) -> Transcript:
+    """The single agent does every lookup of the gold plan itself, then answers."""
+    turns: list[tuple[str, str | None]] = []
+    for sub, _ in gold_plan(task.world, q):
+        m = _SUBTASK.match(sub)
+        if m is None:  # pragma: no cover - gold plans are always in the subtask language
+            raise ValueError(sub)
+        turns += _tool_turns(task, m.group(2))
+    turns.append((f"<answer>{q.answer}</answer>", None))
+    return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["single"])
 
 
 def subtasks_of(task: DeepResearchTask, questions: list[Question]) -> list[str]:

@@ -1,0 +1,46 @@
+import pytest
+
+from mgrpo.agents.format import parse_planner_turn, parse_single_turn, parse_subagent_turn
+from mgrpo.tasks.deep_research import gold_plan, make_questions
+from mgrpo.tasks.demos import planner_demo, single_agent_demo, subagent_demo, subtasks_of
+
+
+def generated_segments(tokenizer, tr):
+    """Split a transcript's trained tokens into its turns (maximal runs of mask 1)."""
+    segs, cur = [], []
+    for t, m in zip(tr.token_ids, tr.mask, strict=True):
+        if m:
+            cur.append(t)
+        elif cur:
+            segs.append(tokenizer.decode(cur))
+            cur = []
+    if cur:
+        segs.append(tokenizer.decode(cur))
+    return segs
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_planner_demos_follow_the_format(small_task, tokenizer, stage):
+    for q in make_questions(small_task.world, "train", stage, 10):
+        tr = planner_demo(small_task, tokenizer, q)
+        actions = [parse_planner_turn(s) for s in generated_segments(tokenizer, tr)]
+        assert [a.content for a in actions[:-1]] == [sub for sub, _ in gold_plan(small_task.world, q)]
+        assert actions[-1].kind == "answer" and actions[-1].content == q.answer
+        assert tr.mask[: tr.prompt_len] == [0] * tr.prompt_len
+
+
+def test_subagent_and_single_agent_demos(small_task, tokenizer):
+    qs = make_questions(small_task.world, "train", 2, 10)
+    for sub in subtasks_of(small_task, qs):
+        tr = subagent_demo(small_task, tokenizer, sub)
+        actions = [parse_subagent_turn(s) for s in generated_segments(tokenizer, tr)]
+        assert [a.kind for a in actions] == ["tool_call", "tool_call", "result"]
+        assert small_task.judge(sub, actions[-1].content) == 1.0
+    for q in qs:
+        actions = [
+            parse_single_turn(s)
+            for s in generated_segments(tokenizer, single_agent_demo(small_task, tokenizer, q))
+        ]
+        assert len(actions) == 2 * len(gold_plan(small_task.world, q)) + 1 and actions[-1].content == q.answer
+    with pytest.raises(ValueError, match="no demonstration"):
+        subagent_demo(small_task, tokenizer, "colour of the sky")

@@ -10,6 +10,7 @@ for the paper's single-agent baseline.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import random
@@ -44,7 +45,7 @@ class WarmstartConfig:
     batch_size: int = 64
     lr: float = 3e-3
     stage2_fraction: float = 0.5
-    eval_questions: int = 100
+    eval_questions: int = 100  # 0 skips the evaluation
 
     def key(self) -> str:
         blob = json.dumps({**asdict(self), "format": DEMO_FORMAT_VERSION}, sort_keys=True)
@@ -105,7 +106,7 @@ def run_warmstart(
         s_loss = _sft(sm, sopt, stok, s_batch)
         if on_step:
             on_step(step, {"planner/sft_loss": p_loss, "subagent/sft_loss": s_loss})
-    metrics = evaluate_system(task, (pm, ptok), (sm, stok), cfg)
+    metrics = evaluate_system(task, (pm, ptok), (sm, stok), cfg) if cfg.eval_questions else {}
     out.mkdir(parents=True, exist_ok=True)
     save(pm, ptok, out / "planner")
     save(sm, stok, out / "subagent")
@@ -152,13 +153,16 @@ def cached_warmstart(
     """Reuse `cache_dir/<kind>-<config key>` when it holds a finished warm start, else run and store one."""
     folder = cache_dir / f"{'single' if single_agent else 'warmstart'}-{cfg.key()}"
     names = ("single", "single") if single_agent else ("planner", "subagent")
-    if (folder / "eval.json").exists():
-        metrics = json.loads((folder / "eval.json").read_text())
-        return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=True)
-    tmp = folder.with_name(folder.name + ".partial")
-    run = run_single_warmstart if single_agent else run_warmstart
-    result = run(cfg, tmp, on_step=on_step)
-    tmp.rename(folder)  # only a finished warm start is ever found in the cache
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / f"{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two services on one disk: one trains, the other waits and reuses
+        if (folder / "eval.json").exists():
+            metrics = json.loads((folder / "eval.json").read_text())
+            return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=True)
+        tmp = folder.with_name(folder.name + ".partial")
+        run = run_single_warmstart if single_agent else run_warmstart
+        result = run(cfg, tmp, on_step=on_step)
+        tmp.rename(folder)  # only a finished warm start is ever found in the cache
     return WarmstartResult(folder, folder / names[0], folder / names[1], result.metrics, cached=False)
 
 
@@ -192,7 +196,7 @@ def run_single_warmstart(
             on_step(step, {"single/sft_loss": loss})
     majority = _majority(task)
     metrics: dict[str, dict[str, float]] = {}
-    for stage in (1, 2):
+    for stage in (1, 2) if cfg.eval_questions else ():
         qs = make_questions(task.world, "heldout", stage, cfg.eval_questions, seed=1000 + cfg.seed)
         for temperature in (1.0, 0.0):
             engine = HFEngine(model, tok)

@@ -52,6 +52,26 @@ def redis_url_or_embedded(url: str | None, run_dir: Path) -> Iterator[str]:
 
 
 @app.command()
+def serve(
+    role: Annotated[str, typer.Argument(help="controller, planner or subagent")],
+    host: Annotated[str, typer.Option(help="Bind address.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run one service with uvicorn (settings from MGRPO_* and REDIS_URL environment variables)."""
+    import uvicorn
+
+    apps = {
+        "controller": "services.controller:app",
+        "planner": "services.planner:app",
+        "subagent": "services.subagent:app",
+    }
+    if role not in apps:
+        raise fail(f"unknown role {role!r}: choose one of {', '.join(apps)}")
+    uvicorn.run(apps[role], host=host, port=port, log_level=log_level)
+
+
+@app.command()
 def version() -> None:
     """Print the mgrpo version."""
     console.print(__version__)

@@ -56,6 +56,10 @@ class JobNotFoundError(KeyError):
         return f"job {self.args[0]!r} not found"
 
 
+class JobCancelled(Exception):
+    """Raised by a trainer that saw the job's cancel flag; its worker marks the job cancelled."""
+
+
 class JobConflictError(ValueError):
     """An illegal status transition, or a create that reuses an id with another config."""
 
@@ -99,7 +103,7 @@ class JobRegistry:
             raise JobNotFoundError(job_id)
         h = {as_str(k): as_str(v) for k, v in raw.items()}
         return JobRecord(
-            job_id=h["job_id"], status=h["status"], config=json.loads(h["config"]),  # type: ignore[arg-type]
+            job_id=h["job_id"], status=h["status"], config=json.loads(h["config"]),
             created_at=float(h["created_at"]), updated_at=float(h["updated_at"]), reason=h.get("reason", ""),
             cancel_requested=h.get("cancel_requested") == "1",
         )  # fmt: skip

@@ -21,7 +21,15 @@ import redis
 from shared_store import keys
 from shared_store._text import as_str
 from shared_store.ledger import StepLedger
-from shared_store.schemas import LedgerEntry, PayloadError, StepMessage, WireModel, decode, encode
+from shared_store.schemas import (
+    LedgerEntry,
+    MetricsEvent,
+    PayloadError,
+    StepMessage,
+    WireModel,
+    decode,
+    encode,
+)
 
 M = TypeVar("M", bound=WireModel)
 S = TypeVar("S", bound=StepMessage)
@@ -45,6 +53,17 @@ def publish_step(
     pipe.xadd(keys.stream(message.job_id, name), {"data": payload}, maxlen=DEFAULT_MAXLEN, approximate=True)
     _, entry = pipe.execute()
     return as_str(entry)
+
+
+def publish_metrics(client: redis.Redis, event: MetricsEvent) -> None:
+    """Append a metrics record or event to the job's events stream; metrics also become the role's latest."""
+    pipe = client.pipeline(transaction=True)
+    pipe.xadd(
+        keys.stream(event.job_id, "events"), {"data": encode(event)}, maxlen=DEFAULT_MAXLEN, approximate=True
+    )
+    if event.kind == "metrics":
+        pipe.hset(keys.metrics(event.job_id), event.role, encode(event))
+    pipe.execute()
 
 
 def get_step(client: redis.Redis, model: type[M], job_id: str, name: keys.StreamName, step: int) -> M | None:
@@ -72,6 +91,7 @@ class StreamConsumer(Generic[M]):
     ) -> None:
         self.r, self.key, self.group, self.consumer, self.model = client, stream_key, group, consumer, model
         self.min_idle_ms = min_idle_ms
+        self._own_checked = False
         self.ensure_group()
 
     def ensure_group(self, start_id: str = "0") -> None:
@@ -82,7 +102,13 @@ class StreamConsumer(Generic[M]):
                 raise
 
     def read(self, *, count: int = 16, block_ms: int = 1000) -> list[Delivery[M]]:
-        """Claimed stale entries first, else new entries (blocking up to block_ms)."""
+        """This consumer's own unacknowledged entries on the first call (a restarted process resumes them),
+        then stale entries of other consumers, else new entries (blocking up to block_ms)."""
+        if not self._own_checked:
+            self._own_checked = True
+            own = self.read_own_pending(count=count)
+            if own:
+                return own
         claimed = self.r.xautoclaim(self.key, self.group, self.consumer, self.min_idle_ms, "0-0", count=count)
         entries = [(e, True) for e in claimed[1] if e[1] is not None]
         if not entries:
@@ -109,6 +135,13 @@ class StreamConsumer(Generic[M]):
     def dead_letters(self) -> list[dict[str, str]]:
         entries = cast(list[tuple[bytes, dict[bytes, bytes]]], self.r.xrange(keys.dead_letter(self.key)))
         return [{as_str(k): as_str(v) for k, v in fields.items()} for _, fields in entries]
+
+    def read_own_pending(self, *, count: int = 16) -> list[Delivery[M]]:
+        """Entries delivered to this consumer name but never acknowledged (a restart picks them up)."""
+        reply = self.r.xreadgroup(self.group, self.consumer, {self.key: "0"}, count=count)
+        batches = cast(list[tuple[bytes, list[Any]]], reply or [])
+        entries = [(e, True) for _, batch in batches for e in batch if e[1]]
+        return [d for d in (self._decode(e, c) for e, c in entries) if d is not None]
 
     def ack(self, entry_id: str) -> None:
         self.r.xack(self.key, self.group, entry_id)

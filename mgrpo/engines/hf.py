@@ -9,9 +9,11 @@ cost about as many forward passes as one, not 64 times as many (`forward_passes`
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +80,12 @@ class HFEngine:
                 raise ValueError(
                     f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
                 )
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold generation while the trainer changes the weights in place (no batch sees half an update)."""
+        with self._lock:
+            yield
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Swap in new weights (e.g. from the trainer in the same process) between batches."""

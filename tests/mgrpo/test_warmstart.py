@@ -32,6 +32,7 @@ def test_single_agent_warmstart(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_default_warmstart_reaches_the_documented_band():
     """The README's warm start: stage-2 held-out success at temperature 1 inside 15-50 %, above the
     majority-answer baseline, with the process metrics showing real copying of held-out names.

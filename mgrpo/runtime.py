@@ -1,0 +1,39 @@
+"""What a trainer service needs to start a job: the job's task and its role's model, from the
+cached warm start (presets) or a folder (path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from mgrpo.config import JobConfig
+from mgrpo.models import load
+from mgrpo.tasks.deep_research import DeepResearchTask
+from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
+
+RoleName = Literal["planner", "subagent", "single"]
+
+
+def warmstart_config(job: JobConfig) -> WarmstartConfig:
+    return WarmstartConfig(
+        seed=job.seed, n_people=job.n_people, steps=job.warmstart_steps,
+        planner_preset=job.planner.preset or "tiny", subagent_preset=job.subagent.preset or "tiny-wide",
+        eval_questions=100 if job.warmstart_steps >= 100 else 0,
+    )  # fmt: skip
+
+
+def job_task(job: JobConfig) -> DeepResearchTask:
+    return make_task(warmstart_config(job))
+
+
+def load_role_model(
+    job: JobConfig, role: RoleName, cache_dir: Path
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The role's starting model: `path` when given, else the (cached) warm start of its preset."""
+    spec = job.subagent if role == "subagent" else job.planner
+    if spec.path is not None:
+        return load(spec.path)
+    result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
+    return load(result.subagent_path if role == "subagent" else result.planner_path)

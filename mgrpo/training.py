@@ -1,0 +1,86 @@
+"""The policy update of one role: clipped PPO epochs over a step's samples (SPEC §6).
+
+Both trainers call this one function; the loss itself is `mgrpo.algo.policy_loss`. A sample is a
+transcript (token ids, logp_old, loss mask) with its sequence advantage; duplicated samples (from
+trajectory alignment) are passed as many times as they occur and so count in the loss.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from mgrpo.agents.loop import Transcript
+from mgrpo.algo.loss import AggMode, policy_loss
+from mgrpo.batching import collate
+from mgrpo.models import token_logprobs
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    ppo_epochs: int = 1
+    minibatch_size: int = 64
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    loss_agg: AggMode = "seq-mean-token-mean"
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+
+
+def ppo_update(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[tuple[Transcript, float]],
+    settings: UpdateSettings,
+    *,
+    pad_id: int,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Run `ppo_epochs` passes of minibatch updates; returns mean metrics (loss, clip_frac, approx_kl,
+    grad_norm, tokens). Samples whose advantage is 0 still count (they are real group members)."""
+    if not samples:
+        return {"samples": 0.0}
+    rng = random.Random(seed)
+    totals: dict[str, float] = {}
+    n_updates = 0
+    model.train()
+    for _ in range(settings.ppo_epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        for start in range(0, len(order), settings.minibatch_size):
+            idx = order[start : start + settings.minibatch_size]
+            metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+            n_updates += 1
+    model.eval()
+    out = {k: v / n_updates for k, v in totals.items()}
+    out["samples"] = float(len(samples))
+    out["updates"] = float(n_updates)
+    return out
+
+
+def _minibatch(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch_samples: list[tuple[Transcript, float]],
+    s: UpdateSettings,
+    pad_id: int,
+) -> dict[str, float]:
+    batch = collate([t for t, _ in batch_samples], pad_id)
+    adv = torch.tensor([a for _, a in batch_samples], dtype=torch.float32)  # (B,)
+    logp = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)  # (B, T-1)
+    loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
+                                clip_high=s.clip_high, agg=s.loss_agg)  # fmt: skip
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+    optimizer.step()
+    metrics["loss"] = loss.item()
+    metrics["grad_norm"] = float(grad_norm)
+    metrics["tokens"] = float(batch.loss_mask.sum())
+    return metrics

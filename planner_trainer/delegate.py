@@ -1,0 +1,53 @@
+"""Delegation over HTTP: a planner rollout's subtask becomes `POST {subagent}/v1/episodes`.
+
+Retries with backoff while the sub-agent service is down or still loading the job, up to the job's
+`partner_timeout_s`; then `PartnerError` names the partner, so the job fails with a clear reason
+instead of hanging.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from mgrpo.agents.agents import Delegation
+
+
+class PartnerError(RuntimeError):
+    """The partner service did not answer within the job's timeout."""
+
+
+class SubagentClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))  # fmt: skip
+
+    def episode(self, body: dict[str, Any]) -> Delegation:
+        deadline = time.monotonic() + self.timeout_s
+        delay, last = 0.05, "no answer"
+        while time.monotonic() < deadline:
+            try:
+                resp = self.http.post("/v1/episodes", json=body)
+                if resp.status_code == 200:
+                    data = resp.json()
+                    return Delegation(body["subtask"], data["result"], data["episode_id"])
+                if resp.status_code not in (409, 503):  # 409: job not loaded yet; 503: not ready
+                    raise PartnerError(
+                        f"sub-agent service at {self.base_url} refused an episode: {resp.status_code} {resp.text[:200]}"
+                    )
+                last = f"{resp.status_code} {resp.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = str(exc) or type(exc).__name__
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        raise PartnerError(
+            f"sub-agent service at {self.base_url} did not answer within {self.timeout_s:.0f} s ({last})"
+        )
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,138 @@
+"""The controller: the REST job API. It validates a job config, records it, dispatches it to the
+trainer services through Redis, and reports status, metrics, events and checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, cast
+
+from fastapi import FastAPI, Query, status
+from fastapi.responses import StreamingResponse
+
+from mgrpo.config import JobConfig
+from services.api import CheckpointList, JobList, JobView, MetricsList
+from services.common import AuthDep, StoreDep, install_common
+from services.settings import get_settings
+from shared_store import Store, keys
+from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, PolicyVersion, decode
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    app.state.store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
+    yield
+
+
+app = FastAPI(title="mgrpo controller", version="0.1.0", lifespan=lifespan,
+              description="Submit and follow decoupled M-GRPO training jobs.")  # fmt: skip
+install_common(app, "controller")
+
+
+def job_view(store: Store, record: JobRecord) -> JobView:
+    jid = record.job_id
+    latest = {
+        k.decode(): decode(MetricsEvent, v).values
+        for k, v in cast(dict[bytes, bytes], store.client.hgetall(keys.metrics(jid))).items()
+    }
+    versions = {r: v.version for r in keys.ROLES if (v := store.policies.get(jid, r)) is not None}
+    return JobView(**record.model_dump(include=set(JobView.model_fields) & set(record.model_fields)),
+                   steps_done={r: store.ledger.last_step(jid, r) for r in keys.ROLES},
+                   policy_versions=versions, latest_metrics=latest)  # fmt: skip
+
+
+@app.post(
+    "/v1/jobs",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobView,
+    dependencies=[AuthDep],
+    tags=["jobs"],
+)
+def create_job(
+    config: JobConfig,
+    store: StoreDep,
+    job_id: Annotated[
+        str | None,
+        Query(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="Idempotency: reuse to get the same job."),
+    ] = None,
+) -> JobView:
+    roles: tuple[keys.Role, ...] = ("planner",) if config.mode == "single_agent" else keys.ROLES
+    record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=roles)
+    return job_view(store, record)
+
+
+@app.get("/v1/jobs", response_model=JobList, tags=["jobs"])
+def list_jobs(
+    store: StoreDep, offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> JobList:
+    records, total = store.jobs.list(offset=offset, limit=limit)
+    return JobList(jobs=[job_view(store, r) for r in records], total=total, offset=offset, limit=limit)
+
+
+@app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"])
+def get_job(job_id: str, store: StoreDep) -> JobView:
+    return job_view(store, store.jobs.get(_checked(job_id)))
+
+
+@app.post("/v1/jobs/{job_id}/cancel", response_model=JobView, dependencies=[AuthDep], tags=["jobs"])
+def cancel_job(job_id: str, store: StoreDep) -> JobView:
+    return job_view(store, store.jobs.request_cancel(_checked(job_id)))
+
+
+@app.get("/v1/jobs/{job_id}/metrics", response_model=MetricsList, tags=["jobs"])
+def job_metrics(job_id: str, store: StoreDep) -> MetricsList:
+    store.jobs.get(_checked(job_id))
+    return MetricsList(job_id=job_id, records=[e for e in _events(store, job_id) if e.kind == "metrics"])
+
+
+@app.get("/v1/jobs/{job_id}/checkpoints", response_model=CheckpointList, tags=["jobs"])
+def job_checkpoints(job_id: str, store: StoreDep) -> CheckpointList:
+    store.jobs.get(_checked(job_id))
+    found = [PolicyVersion(job_id=job_id, role=e.role, version=int(e.values.get("version", 0)), step=e.step,
+                           checkpoint=e.message, published_at=e.time)
+             for e in _events(store, job_id) if e.kind == "event" and e.values.get("checkpoint") == 1.0]  # fmt: skip
+    return CheckpointList(job_id=job_id, checkpoints=found)
+
+
+@app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_class=StreamingResponse)
+async def job_events(job_id: str, store: StoreDep) -> StreamingResponse:
+    """Server-sent events: every metrics record and event of the job, then `end` once it finished."""
+    store.jobs.get(_checked(job_id))
+
+    async def stream() -> AsyncIterator[str]:
+        last = "0"
+        while True:
+            reply = await asyncio.to_thread(
+                store.client.xread, {keys.stream(job_id, "events"): last}, 100, 1000
+            )
+            for _, entries in cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]], reply or []):
+                for entry_id, fields in entries:
+                    last = entry_id.decode()
+                    event = decode(MetricsEvent, fields[b"data"])
+                    yield f"event: {event.kind}\ndata: {event.model_dump_json()}\n\n"
+            if not reply and store.jobs.get(job_id).status in TERMINAL:
+                yield f"event: end\ndata: {json.dumps({'status': store.jobs.get(job_id).status})}\n\n"
+                return
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _events(store: Store, job_id: str) -> list[MetricsEvent]:
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], store.client.xrange(keys.stream(job_id, "events")))
+    return [decode(MetricsEvent, f[b"data"]) for _, f in entries]
+
+
+def _checked(job_id: str) -> str:
+    try:
+        return keys.check_id("job id", job_id)
+    except ValueError as exc:
+        from shared_store.jobs import JobNotFoundError
+
+        raise JobNotFoundError(job_id) from exc
+
+
+def main_app() -> Any:  # uvicorn factory hook
+    return app

@@ -1,0 +1,135 @@
+"""The planner service: its job worker runs the planner step loop (rollouts with delegation over
+HTTP, rewards, statistics to Redis, update); `POST /v1/rollouts` and `POST /v1/generate` use the
+current policy of the running job."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI, HTTPException, Request, status
+
+from mgrpo.agents.agents import Delegation, PlannerAgent
+from mgrpo.config import JobConfig
+from planner_trainer.delegate import SubagentClient
+from planner_trainer.job import PlannerJob
+from services.api import (
+    GenerateRequest,
+    GenerateResponse,
+    PolicyView,
+    RolloutRequest,
+    RolloutResponse,
+    RolloutView,
+)
+from services.common import AuthDep, install_common
+from services.generate import generate_with
+from services.settings import get_settings
+from services.worker import JobWorker
+from shared_store import Store
+
+
+class PlannerRuntime:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.settings = get_settings()
+        self.job: PlannerJob | None = None
+
+    def run_job(self, job_id: str, cfg: JobConfig) -> bool:
+        s = self.settings
+        client = (
+            None
+            if cfg.mode == "single_agent"
+            else SubagentClient(s.subagent_url, s.api_token, timeout_s=cfg.partner_timeout_s)
+        )
+        job = PlannerJob(
+            self.store, job_id, cfg, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir, subagent=client
+        )
+        self.job = job
+        try:
+            job.run()
+            return True
+        finally:
+            self.job = None
+            job.close()
+            if client is not None:
+                client.close()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
+    app.state.store = store
+    app.state.runtime = runtime = PlannerRuntime(store)
+    anyio.to_thread.current_default_thread_limiter().total_tokens = 256
+    worker = JobWorker(store, "planner", settings.consumer_name, runtime.run_job)
+    worker.start()
+    yield
+    worker.stop.set()
+
+
+app = FastAPI(title="mgrpo planner", version="0.1.0", lifespan=lifespan,
+              description="The planner trainer: rollouts with delegation, statistics, updates.")  # fmt: skip
+install_common(app, "planner")
+
+
+def _job(request: Request) -> PlannerJob:
+    job: PlannerJob | None = request.app.state.runtime.job
+    if job is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, "the planner service is not running a job; submit one first"
+        )
+    return job
+
+
+@app.post("/v1/rollouts", response_model=RolloutResponse, dependencies=[AuthDep], tags=["planner"])
+def rollouts(body: RolloutRequest, request: Request) -> RolloutResponse:
+    """K rollouts of one question with the current planner policy (delegations are not recorded)."""
+    job = _job(request)
+    client = job.subagent
+
+    def delegate(subtask: str) -> Delegation:
+        return Delegation(subtask, "no sub-agent") if client is None else _probe(job, client, subtask)
+
+    agent = PlannerAgent(job.engine, job.tokenizer, delegate, temperature=body.temperature, limits=job.limits)
+    out = []
+    for _ in range(body.rollouts):
+        r = agent.rollout(body.question)
+        out.append(RolloutView(text=str(job.tokenizer.decode(r.transcript.token_ids)), answer=r.transcript.final,
+                               format_ok=r.transcript.format_ok,
+                               delegations=[{"subtask": d.subtask, "result": d.result} for d in r.delegations]))  # fmt: skip
+    return RolloutResponse(rollouts=out, policy_version=job.version)
+
+
+def _probe(job: PlannerJob, client: SubagentClient, subtask: str) -> Delegation:
+    """An off-policy delegation for /v1/rollouts: recorded under a probe step the trainers never read."""
+    body = {
+        "job_id": job.job_id,
+        "step": 999_999,
+        "query_id": "probe",
+        "rollout": 0,
+        "call": 0,
+        "subtask": subtask,
+    }
+    return client.episode(body)
+
+
+@app.post("/v1/generate", response_model=GenerateResponse, dependencies=[AuthDep], tags=["planner"])
+def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
+    job = _job(request)
+    return generate_with(job.engine, job.tokenizer, body, job.version)
+
+
+@app.get("/v1/policy", response_model=PolicyView, tags=["planner"])
+def policy(request: Request) -> PolicyView:
+    job: PlannerJob | None = request.app.state.runtime.job
+    if job is None:
+        return PolicyView(role="planner", job_id=None, version=0, step=-1, model="none loaded")
+    return PolicyView(
+        role="planner",
+        job_id=job.job_id,
+        version=job.version,
+        step=job.version - 1,
+        model=type(job.model).__name__,
+    )

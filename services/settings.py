@@ -1,0 +1,40 @@
+"""Service settings from the environment (pydantic-settings), behind a cached getter.
+
+The same names are used by the compose file and the Helm values: `REDIS_URL`, `MGRPO_API_TOKEN`,
+`MGRPO_SUBAGENT_URL`, `MGRPO_CHECKPOINT_DIR`, `MGRPO_CACHE_DIR`, `MGRPO_CONSUMER_NAME`, …
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MGRPO_", extra="ignore")
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", validation_alias="REDIS_URL", description="The one Redis."
+    )
+    api_token: str = Field(
+        "", description="Bearer token required on every state-changing endpoint ('' disables auth)."
+    )
+    subagent_url: str = Field(
+        "http://127.0.0.1:8002", description="Where the planner reaches the sub-agent service."
+    )
+    checkpoint_dir: Path = Field(Path("checkpoints"), description="This service's checkpoint volume.")
+    cache_dir: Path = Field(Path(".cache/mgrpo"), description="Warm-start cache.")
+    consumer_name: str = Field(
+        default_factory=socket.gethostname, description="Stable name of this stream consumer."
+    )
+    redis_wait_s: float = Field(30.0, description="How long to wait for Redis at start-up.")
+    http_timeout_s: float = Field(120.0, description="Timeout of one service-to-service request.")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

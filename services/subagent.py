@@ -1,0 +1,103 @@
+"""The sub-agent service: serves delegated episodes (`POST /v1/episodes`) with its current policy,
+records each in Redis, and trains on every step's aligned batch in its job worker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI, HTTPException, Request, status
+
+from mgrpo.config import JobConfig
+from services.api import EpisodeRequest, EpisodeResponse, GenerateRequest, GenerateResponse, PolicyView
+from services.common import AuthDep, install_common
+from services.generate import generate_with
+from services.settings import get_settings
+from services.worker import JobWorker
+from shared_store import Store, keys
+from shared_store.jobs import JobCancelled
+from shared_store.schemas import TERMINAL, PlannerStepStats
+from shared_store.streams import StreamConsumer, consume_once
+from subagent_trainer.job import SubagentJob
+
+
+class SubagentRuntime:
+    """The active job of this service (one at a time) and the loop that trains it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.settings = get_settings()
+        self.job: SubagentJob | None = None
+
+    def run_job(self, job_id: str, cfg: JobConfig) -> bool:
+        s = self.settings
+        job = SubagentJob(self.store, job_id, cfg, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir)
+        self.job = job
+        consumer = StreamConsumer(self.store.client, keys.stream(job_id, "planner_stats"), "subagent", s.consumer_name,
+                                  PlannerStepStats, min_idle_ms=30_000)  # fmt: skip
+        try:
+            last = cfg.steps - 1
+            while not self.store.ledger.is_applied(job_id, "subagent", last):
+                record = self.store.jobs.get(job_id)
+                if record.status in TERMINAL:
+                    return False  # the planner finished it (failed / cancelled)
+                if record.cancel_requested:
+                    raise JobCancelled()
+                consume_once(consumer, self.store.ledger, "subagent", job.train_step, count=1, block_ms=200)
+            return False  # the planner declares success once it sees the last step in the ledger
+        finally:
+            self.job = None
+            job.close()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
+    app.state.store = store
+    app.state.runtime = runtime = SubagentRuntime(store)
+    anyio.to_thread.current_default_thread_limiter().total_tokens = 512  # many concurrent episodes
+    worker = JobWorker(store, "subagent", settings.consumer_name, runtime.run_job)
+    worker.start()
+    yield
+    worker.stop.set()
+
+
+app = FastAPI(title="mgrpo sub-agent", version="0.1.0", lifespan=lifespan,
+              description="Delegated sub-agent episodes with the current policy; the sub-agent trainer.")  # fmt: skip
+install_common(app, "subagent")
+
+
+def _job(request: Request, job_id: str | None = None) -> SubagentJob:
+    job: SubagentJob | None = request.app.state.runtime.job
+    if job is None or (job_id is not None and job.job_id != job_id):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"the sub-agent service is not running job {job_id or ''} yet; retry shortly",
+        )
+    return job
+
+
+@app.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[AuthDep], tags=["sub-agent"])
+def run_episode(body: EpisodeRequest, request: Request) -> EpisodeResponse:
+    """Run one delegated subtask with the current policy and record the episode in Redis."""
+    job = _job(request, body.job_id)
+    meta = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
+    return EpisodeResponse(episode_id=meta.episode_id, result=meta.result, format_ok=meta.format_ok,
+                           expert_score=meta.expert_score, policy_version=meta.policy_version, n_tokens=meta.n_tokens)  # fmt: skip
+
+
+@app.post("/v1/generate", response_model=GenerateResponse, dependencies=[AuthDep], tags=["sub-agent"])
+def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
+    job = _job(request)
+    return generate_with(job.engine, job.tokenizer, body, job.version)
+
+
+@app.get("/v1/policy", response_model=PolicyView, tags=["sub-agent"])
+def policy(request: Request) -> PolicyView:
+    job: SubagentJob | None = request.app.state.runtime.job
+    if job is None:
+        return PolicyView(role="subagent", job_id=None, version=0, step=-1, model="none loaded")
+    return PolicyView(role="subagent", job_id=job.job_id, version=job.version, step=job.version - 1,
+                      model=type(job.model).__name__)  # fmt: skip

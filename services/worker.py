@@ -1,0 +1,68 @@
+"""The job worker of a trainer service: a thread that takes jobs from the role's dispatch stream
+and runs them one at a time, moving the job's status (running → succeeded / failed / cancelled).
+
+The dispatch entry is acknowledged only when the job is finished, so a service killed mid-job finds
+the entry in its own pending list when it restarts (same `MGRPO_CONSUMER_NAME`) and resumes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from mgrpo.config import JobConfig
+from shared_store import Store, keys
+from shared_store.jobs import JobCancelled, JobConflictError
+from shared_store.schemas import TERMINAL, JobDispatch
+from shared_store.streams import StreamConsumer
+
+log = logging.getLogger("mgrpo.worker")
+DISPATCH_IDLE_MS = 6 * 3600 * 1000  # another replica takes over a dispatch only after 6 h of silence
+
+
+class JobWorker:
+    def __init__(
+        self, store: Store, role: keys.Role, consumer_name: str, run_job: Callable[[str, JobConfig], bool]
+    ) -> None:
+        """`run_job(job_id, config)` runs the job to its end; True means this role declares success."""
+        self.store, self.role, self.run_job = store, role, run_job
+        self.consumer = StreamConsumer(store.client, keys.dispatch(role), role, consumer_name, JobDispatch,
+                                       min_idle_ms=DISPATCH_IDLE_MS)  # fmt: skip
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=f"{role}-worker", daemon=True)
+        self.current: str | None = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            for d in self.consumer.read(
+                count=1, block_ms=500
+            ):  # own pending entries first: resume after a restart
+                self._handle(d.message.job_id)
+                self.consumer.ack(d.entry_id)
+
+    def _handle(self, job_id: str) -> None:
+        jobs = self.store.jobs
+        record = jobs.get(job_id)
+        if record.status in TERMINAL:
+            return
+        self.current = job_id
+        try:
+            jobs.transition(job_id, "running")
+            if self.run_job(job_id, JobConfig.model_validate(record.config)):
+                jobs.transition(job_id, "succeeded")
+        except JobCancelled:
+            self._finish(job_id, "cancelled", f"cancelled; the {self.role} trainer stopped")
+        except Exception as exc:  # the job fails with a reason; the service lives on
+            log.exception("job %s failed in the %s trainer", job_id, self.role)
+            self._finish(job_id, "failed", f"{self.role} trainer: {type(exc).__name__}: {exc}")
+        finally:
+            self.current = None
+
+    def _finish(self, job_id: str, status: str, reason: str) -> None:
+        with contextlib.suppress(JobConflictError):  # already finished by the partner or the controller
+            self.store.jobs.transition(job_id, status, reason)  # type: ignore[arg-type]

@@ -34,7 +34,12 @@ class ModelSpec(_Strict):
 class OptimConfig(_Strict):
     """The policy update of one role (SPEC §6)."""
 
-    lr: float = Field(1e-4, gt=0, le=1.0, description="AdamW learning rate (no weight decay: only the policy gradient moves weights).")
+    lr: float = Field(
+        1e-4,
+        gt=0,
+        le=1.0,
+        description="AdamW learning rate (no weight decay: only the policy gradient moves weights).",
+    )
     ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over a step's batch.")
     minibatch_size: int = Field(64, ge=1, le=65536, description="Sequences per optimizer step.")
     clip_low: float = Field(0.2, ge=0, le=1, description="ε_low of the asymmetric clip.")

@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -69,6 +69,119 @@ def serve(
     if role not in apps:
         raise fail(f"unknown role {role!r}: choose one of {', '.join(apps)}")
     uvicorn.run(apps[role], host=host, port=port, log_level=log_level)
+
+
+local_app = typer.Typer(help="A local cluster: embedded Redis + the three services as separate processes.")
+app.add_typer(local_app, name="local")
+
+
+@local_app.command("up")
+def local_up(
+    run_dir: Annotated[Path, typer.Option(help="Logs, checkpoints and the embedded Redis go here.")] = Path(
+        "runs/local"
+    ),
+    redis_url: Annotated[
+        str | None, typer.Option(envvar="REDIS_URL", help="Use this Redis instead of an embedded one.")
+    ] = None,
+    api_token: Annotated[
+        str, typer.Option(envvar="MGRPO_API_TOKEN", help="Bearer token of the services.")
+    ] = "",
+    port: Annotated[
+        int, typer.Option(help="Controller port; planner and sub-agent take the next two.")
+    ] = 8000,
+) -> None:
+    """Start the cluster in the foreground (Ctrl-C stops it)."""
+    from services.launcher import LocalCluster
+
+    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token,
+                           ports={"controller": port, "planner": port + 1, "subagent": port + 2})  # fmt: skip
+    try:
+        cluster.start()
+    except RuntimeError as exc:
+        cluster.stop()
+        raise fail(str(exc)) from None
+    console.print(f"controller {cluster.url('controller')}  planner {cluster.url('planner')}  "
+                  f"sub-agent {cluster.url('subagent')}  Redis {cluster.redis_url}  logs {run_dir}/logs")  # fmt: skip
+    try:
+        while all(p.poll() is None for p in cluster.procs.values()):
+            time.sleep(1)
+        raise fail(f"a service exited; see {run_dir}/logs")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+
+
+def _client(url: str, token: str) -> Any:
+    import httpx
+
+    return httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=30
+    )
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.exists():
+        raise fail(f"no config file at {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise fail(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise fail(f"{path} must hold a mapping of job config fields")
+    return data
+
+
+ControllerOpt = Annotated[str, typer.Option(envvar="MGRPO_CONTROLLER_URL", help="Controller URL.")]
+TokenOpt = Annotated[str, typer.Option(envvar="MGRPO_API_TOKEN", help="Bearer token.")]
+
+
+@app.command()
+def submit(
+    config: Annotated[Path, typer.Argument(help="Job config (YAML or JSON).")],
+    controller: ControllerOpt = "http://127.0.0.1:8000",
+    api_token: TokenOpt = "",
+    job_id: Annotated[str | None, typer.Option(help="Idempotency: the same id returns the same job.")] = None,
+) -> None:
+    """Submit a job to a running controller (like `kubectl apply -f`)."""
+    import httpx
+
+    body = _read_config(config)
+    try:
+        with _client(controller, api_token) as http:
+            resp = http.post("/v1/jobs", json=body, params={"job_id": job_id} if job_id else None)
+    except httpx.HTTPError as exc:
+        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
+    if resp.status_code != 201:
+        raise fail(f"the controller refused the job ({resp.status_code}): {resp.text}")
+    console.print(f"job [bold]{resp.json()['job_id']}[/] {resp.json()['status']}")
+
+
+@app.command()
+def status(
+    job_id: Annotated[str | None, typer.Argument(help="A job id; all jobs when omitted.")] = None,
+    controller: ControllerOpt = "http://127.0.0.1:8000",
+) -> None:
+    """Show jobs (like `kubectl get`)."""
+    import httpx
+    from rich.table import Table
+
+    try:
+        with _client(controller, "") as http:
+            resp = http.get(f"/v1/jobs/{job_id}" if job_id else "/v1/jobs")
+    except httpx.HTTPError as exc:
+        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
+    if resp.status_code != 200:
+        raise fail(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
+    jobs = [resp.json()] if job_id else resp.json()["jobs"]
+    table = Table("JOB", "STATUS", "MODE", "STEPS (planner/sub-agent)", "REASON")
+    for j in jobs:
+        done = j["steps_done"]
+        steps = f"{done.get('planner', -1) + 1}/{done.get('subagent', -1) + 1} of {j['config'].get('steps')}"
+        table.add_row(j["job_id"], j["status"], j["config"].get("mode", ""), steps, j["reason"][:60])
+    console.print(table)
 
 
 @app.command()

@@ -51,7 +51,9 @@ class SubagentJob:
         resume = latest_checkpoint(self.ckpt_root, step=last) if last >= 0 else None
         model, self.tokenizer = load(resume.path) if resume else load_role_model(cfg, "subagent", cache_dir)
         self.model = model.eval()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.subagent_optim.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.subagent_optim.lr, weight_decay=0.0
+        )
         if resume:
             restore_trainer_state(resume, self.optimizer)
         self.version = resume.version if resume else 0

@@ -1,0 +1,204 @@
+"""End to end: the three services as separate OS processes, a real Redis, real HTTP, real training.
+
+The jobs use the default warm start (the one `tests/mgrpo/test_warmstart.py` checks), shared through
+the repository's `.cache/mgrpo`, so the models already act and rewards vary.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mgrpo.config import JobConfig
+from mgrpo.runtime import warmstart_config
+from mgrpo.warmstart import cached_warmstart
+from services.launcher import LocalCluster
+from shared_store import Store, keys
+from shared_store.schemas import AlignedBatchManifest, PlannerStepStats, SubagentStepStats, decode
+from shared_store.streams import get_step
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "mgrpo"
+TOKEN = "test-token"
+H = {"Authorization": f"Bearer {TOKEN}"}
+SMALL = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 8, "subagent_slots_per_rollout": 3,
+         "partner_timeout_s": 120, "planner_optim": {"lr": 1e-3}, "subagent_optim": {"lr": 1e-3}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def warm():
+    return cached_warmstart(warmstart_config(JobConfig()), CACHE)
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_url, tmp_path_factory, warm):
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), redis_url=redis_url, api_token=TOKEN,
+                     extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    with c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def store(redis_url):
+    return Store.connect(redis_url)
+
+
+def submit(cluster, config, **params):
+    r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=config, headers=H, params=params, timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()["job_id"]
+
+
+def wait(cluster, job_id, timeout_s=600, until=("succeeded", "failed", "cancelled")):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json()
+        if job["status"] in until:
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {job['status']} after {timeout_s} s: {job}")
+
+
+def stream_messages(store, job_id, name, model):
+    return [decode(model, f[b"data"]) for _, f in store.client.xrange(keys.stream(job_id, name))]
+
+
+def params_of(path):
+    return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
+
+
+def final_checkpoint(cluster, role, job_id):
+    ckpts = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))
+    assert ckpts, f"no {role} checkpoint"
+    return ckpts[-1]
+
+
+def test_co_train_two_steps(cluster, store, warm):
+    job_id = submit(cluster, SMALL)
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    assert job["steps_done"] == {"planner": 1, "subagent": 1} and job["policy_versions"] == {
+        "planner": 2,
+        "subagent": 2,
+    }
+
+    for role, start in (("planner", warm.planner_path), ("subagent", warm.subagent_path)):
+        before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
+        unchanged = [n for n, p in after.items() if torch.equal(p, before[n])]
+        assert not unchanged, f"{role}: parameters the update never moved: {unchanged}"
+    assert (
+        params_of(warm.planner_path)["model.embed_tokens.weight"].shape
+        != params_of(warm.subagent_path)["model.embed_tokens.weight"].shape
+    )
+
+    streams = {name: stream_messages(store, job_id, name, model) for name, model in
+               (("planner_stats", PlannerStepStats), ("manifests", AlignedBatchManifest), ("subagent_stats", SubagentStepStats))}  # fmt: skip
+    assert all([m.step for m in msgs] == [0, 1] for msgs in streams.values()), streams
+    assert (
+        get_step(store.client, AlignedBatchManifest, job_id, "manifests", 1) == streams["manifests"][1]
+    )  # latest kept
+    assert (
+        get_step(store.client, PlannerStepStats, job_id, "planner_stats", 0) is None
+    )  # older steps collected
+    for stats, manifest in zip(streams["planner_stats"], streams["manifests"], strict=True):
+        assert len(stats.queries) == 4 and all(len(q.rollouts) == 8 for q in stats.queries)
+        with_episodes = [q.query_id for q in stats.queries if any(r.episode_ids for r in q.rollouts)]
+        assert with_episodes and [q.query_id for q in manifest.queries] == with_episodes
+        for q in manifest.queries:  # exactly K·D aligned samples per query with an episode
+            assert [len(s) for s in q.slots] == [3] * 8
+    ledger = store.ledger.entries(job_id)
+    assert sorted((e.role, e.step) for e in ledger) == [
+        ("planner", 0),
+        ("planner", 1),
+        ("subagent", 0),
+        ("subagent", 1),
+    ]
+    metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    assert {"planner/reward_mean", "timing/rollout"} <= set(
+        next(m for m in metrics if m["role"] == "planner")["values"]
+    )
+    ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
+    assert {c["role"] for c in ckpts} == {"planner", "subagent"}
+    for c in ckpts:  # every checkpoint is an ordinary HF folder
+        assert AutoModelForCausalLM.from_pretrained(c["checkpoint"]) is not None
+
+
+def test_main_only_freezes_the_subagent(cluster, warm):
+    job_id = submit(cluster, {**SMALL, "mode": "main_only", "steps": 1})
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    before, after = params_of(warm.subagent_path), params_of(final_checkpoint(cluster, "subagent", job_id))
+    assert all(torch.equal(p, before[n]) for n, p in after.items())
+    assert job["policy_versions"]["subagent"] == 0
+
+
+def test_auth_validation_and_missing_jobs(cluster, store):
+    url = cluster.url("controller")
+    assert httpx.post(f"{url}/v1/jobs", json=SMALL).status_code == 401
+    assert (
+        httpx.post(f"{url}/v1/jobs", json=SMALL, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    )
+    before = store.jobs.list(limit=1)[1]
+    r = httpx.post(f"{url}/v1/jobs", json={**SMALL, "planner_optim": {"lr": -1}}, headers=H)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "planner_optim", "lr"]
+    r = httpx.post(f"{url}/v1/jobs", json={**SMALL, "nonsense": 1}, headers=H)
+    assert r.status_code == 422 and "nonsense" in r.text
+    assert store.jobs.list(limit=1)[1] == before  # nothing written
+    assert httpx.get(f"{url}/v1/jobs/no-such-job").status_code == 404
+    assert httpx.post(f"{url}/v1/jobs/no-such-job/cancel", headers=H).status_code == 404
+    assert httpx.post(f"{cluster.url('subagent')}/v1/episodes", json={}).status_code == 401
+
+
+def test_cancel_stops_within_a_step(cluster, store):
+    job_id = submit(cluster, {**SMALL, "steps": 50})
+    deadline = time.monotonic() + 300
+    while store.ledger.last_step(job_id, "planner") < 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    r = httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/cancel", headers=H)
+    assert r.status_code == 200 and r.json()["cancel_requested"]
+    job = wait(cluster, job_id, timeout_s=120)
+    assert job["status"] == "cancelled"
+    assert max(job["steps_done"].values()) <= store.ledger.last_step(job_id, "planner") <= 2
+    assert httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/cancel", headers=H).status_code == 200
+
+
+def test_single_agent_runs_without_the_subagent_service(cluster):
+    cluster.kill("subagent")
+    try:
+        small_world = {
+            "n_people": 100,
+            "warmstart_steps": 5,
+        }  # the single-agent warm start is slow; this only checks the path
+        job_id = submit(
+            cluster,
+            {
+                **SMALL,
+                **small_world,
+                "mode": "single_agent",
+                "steps": 1,
+                "prompts_per_step": 2,
+                "rollouts_per_query": 4,
+            },
+        )
+        job = wait(cluster, job_id)
+        assert job["status"] == "succeeded", job["reason"]
+    finally:
+        cluster.start_role("subagent")
+        cluster.wait_ready(120, ("subagent",))
+
+
+def test_partner_down_fails_the_job_with_a_reason(cluster):
+    cluster.kill("subagent")
+    try:
+        job_id = submit(cluster, {**SMALL, "steps": 1, "partner_timeout_s": 3})
+        job = wait(cluster, job_id, timeout_s=120)
+        assert job["status"] == "failed" and "subagent" in job["reason"], job  # names the partner
+    finally:
+        cluster.start_role("subagent")
+        cluster.wait_ready(120, ("subagent",))

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mgrpo import __version__
 
 if TYPE_CHECKING:
-    from shared_store import Store
+    pass
 
 app = typer.Typer(
     name="mgrpo",
@@ -31,24 +26,6 @@ console = Console()
 def fail(message: str) -> typer.Exit:
     console.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code=2)
-
-
-@contextlib.contextmanager
-def redis_url_or_embedded(url: str | None, run_dir: Path) -> Iterator[str]:
-    """Yield `url` (or REDIS_URL); with neither, start an embedded redis-server for the duration."""
-    from shared_store.embedded import RedisServer
-
-    chosen = url or os.environ.get("REDIS_URL")
-    if chosen:
-        yield chosen
-        return
-    server = RedisServer(run_dir / "redis")
-    server.start()
-    console.print(f"[dim]embedded Redis on {server.url} (set REDIS_URL to use your own)[/]")
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @app.command()
@@ -201,23 +178,13 @@ def warmstart(
     single_agent: Annotated[bool, typer.Option(help="Warm-start the single-agent baseline instead.")] = False,
 ) -> None:
     """Warm-start (SFT) the tiny planner and sub-agent on demonstrations; cached and reused."""
-    from mgrpo.warmstart import WarmstartConfig, cached_warmstart
+    from mgrpo.warmstart import WarmstartConfig
 
     default = WarmstartConfig()
     cfg = WarmstartConfig(seed=seed, steps=steps or default.steps, n_people=n_people or default.n_people)
-    cols = (TextColumn("[bold]warm start"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"))  # fmt: skip
-    with Progress(*cols, console=console) as bar:
-        task = bar.add_task("sft", total=cfg.steps, info="")
+    from services.demo import warmstart_with_progress
 
-        def on_step(step: int, m: dict[str, float]) -> None:
-            info = "  ".join(f"{k.replace('/sft_loss', '')} loss {v:.3f}" for k, v in m.items())
-            bar.update(
-                task, completed=step + 1, info=info if step + 1 < cfg.steps else "evaluating held-out …"
-            )
-
-        result = cached_warmstart(cfg, cache_dir, single_agent=single_agent, on_step=on_step)
-        bar.update(task, completed=cfg.steps, info="done")
+    result = warmstart_with_progress(cfg, cache_dir, console, single_agent=single_agent)
     console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
     for name, m in result.metrics.items():
         process = "  ".join(f"{k} {v:.2f}" for k, v in m.items() if k not in ("success", "majority_baseline"))
@@ -229,93 +196,32 @@ def warmstart(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(min=1, max=10_000, help="Training steps.")] = 40,
-    run_dir: Annotated[
-        Path | None, typer.Option(help="Where metrics and plots go (default runs/demo-<time>).")
-    ] = None,
+    steps: Annotated[int, typer.Option(min=1, max=10_000, help="M-GRPO steps.")] = 30,
+    run_dir: Annotated[Path | None, typer.Option(help="Run folder (default runs/demo-<time>).")] = None,
     redis_url: Annotated[
         str | None, typer.Option(envvar="REDIS_URL", help="Redis to use; embedded if unset.")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Job seed.")] = 0,
-    redis_wait_s: Annotated[
-        float, typer.Option(min=0.1, help="How long to wait for Redis to answer.")
-    ] = 15.0,
+    cache_dir: Annotated[Path, typer.Option(help="Warm-start cache.")] = Path(".cache/mgrpo"),
+    lr: Annotated[float, typer.Option(min=1e-7, max=1.0, help="Learning rate of both trainers.")] = 5e-4,
+    ppo_epochs: Annotated[int, typer.Option(min=1, max=16, help="Passes over each step's batch.")] = 4,
 ) -> None:
-    """Run the main job on the embedded default and write metrics and a reward curve.
-
-    Interim: the toy co-training loop of services/toy_demo.py (two torch policies exchanging
-    statistics, episodes and manifests through Redis) until the trainer services land.
-    """
-    from shared_store import Store
-    from shared_store.connection import StoreUnavailableError
+    """The whole system on one machine: warm start (cached), embedded Redis, the three services as
+    separate processes, one co_train job over REST with live progress, then held-out results."""
+    from services.demo import run_demo
 
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     try:
-        with redis_url_or_embedded(redis_url, out) as url:
-            store = Store.connect(url, wait_s=redis_wait_s)
-            _run_demo(store, steps, seed, out)
-    except (StoreUnavailableError, ValueError, RuntimeError) as exc:
+        run_demo(
+            out,
+            steps=steps,
+            redis_url=redis_url,
+            cache_dir=cache_dir,
+            lr=lr,
+            ppo_epochs=ppo_epochs,
+            console=console,
+        )
+    except (RuntimeError, ValueError) as exc:
         raise fail(str(exc)) from None
-
-
-def _run_demo(store: Store, steps: int, seed: int, out: Path) -> None:
-    from services.toy_demo import ToyConfig, run_toy
-
-    cfg = ToyConfig(steps=steps, seed=seed)
-    record, _ = store.jobs.create({"kind": "toy-demo", **cfg.__dict__})
-    store.jobs.transition(record.job_id, "running")
-    rows: list[dict[str, float]] = []
-    cols = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"))  # fmt: skip
-    with Progress(*cols, console=console) as bar, (out / "metrics.jsonl").open("w") as f:
-        task = bar.add_task(f"job {record.job_id}", total=steps, info="")
-        t0 = time.perf_counter()
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            row = {"step": step, "time_s": time.perf_counter() - t0, **metrics}
-            rows.append(row)
-            f.write(json.dumps(row) + "\n")
-            info = f"planner success {metrics['planner/success']:.2f}  sub-agent reward {metrics.get('subagent/reward_mean', 0):.2f}"
-            bar.update(task, advance=1, info=info)
-
-        run_toy(store, record.job_id, cfg, on_step)
-    store.jobs.transition(record.job_id, "succeeded")
-    _plot(rows, out / "rewards.png")
-    _summary(store, record.job_id, rows, out)
-
-
-def _plot(rows: list[dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    steps = [r["step"] for r in rows]
-    for name in ("planner/success", "planner/reward_mean", "subagent/reward_mean"):
-        ax.plot(steps, [r.get(name, float("nan")) for r in rows], label=name)
-    ax.set_xlabel("step")
-    ax.set_ylim(0, 1.05)
-    ax.legend(loc="lower right")
-    ax.set_title("mgrpo demo: toy co-training through Redis")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _summary(store: Store, job_id: str, rows: list[dict[str, float]], out: Path) -> None:
-    n = max(1, len(rows) // 5)
-    first = sum(r["planner/success"] for r in rows[:n]) / n
-    last = sum(r["planner/success"] for r in rows[-n:]) / n
-    ledger = store.ledger.entries(job_id)
-    console.print(
-        f"planner success: first {n} steps {first:.2f} → last {n} steps {last:.2f} "
-        f"(untrained uniform policies: 0.44)\n"
-        f"ledger: {sum(e.role == 'planner' for e in ledger)} planner and "
-        f"{sum(e.role == 'subagent' for e in ledger)} sub-agent steps, each applied once\n"
-        f"wrote {out / 'metrics.jsonl'} and {out / 'rewards.png'}"
-    )
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m services.cli`

@@ -1,4 +1,4 @@
-"""The `mgrpo` CLI run as a real process (python -m services.cli), against the test Redis."""
+"""The `mgrpo` CLI run as a real process (python -m services.cli)."""
 
 import json
 import os
@@ -8,67 +8,72 @@ from pathlib import Path
 
 import pytest
 
-from shared_store import Store, keys
-from shared_store.schemas import AlignedBatchManifest
-from shared_store.streams import get_step
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def mgrpo(*args, env=None, timeout=240, cwd=None, drop=()):
+def mgrpo(*args, env=None, timeout=600, cwd=None, drop=()):
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop}
     full_env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)  # fmt: skip
 
 
-def test_demo_with_embedded_redis_and_relative_run_dir(tmp_path):
-    """The README's first command path: no REDIS_URL, so the demo starts its own redis-server."""
-    proc = mgrpo("demo", "--steps", "2", "--run-dir", "out", cwd=tmp_path, drop=("REDIS_URL",))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "embedded Redis" in proc.stdout
-    assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 2
-
-
-@pytest.mark.redis
-def test_demo_trains_both_policies_through_redis(redis_url, tmp_path):
-    proc = mgrpo("demo", "--steps", "30", "--run-dir", str(tmp_path), env={"REDIS_URL": redis_url})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(30))
-    first = sum(r["planner/success"] for r in rows[:6]) / 6
-    last = sum(r["planner/success"] for r in rows[-6:]) / 6
-    assert last > first + 0.2, (first, last)  # both policies learn: uniform start is ~0.44
-    assert (tmp_path / "rewards.png").stat().st_size > 5_000
-
-    store = Store.connect(redis_url)
-    job = next(j for j in store.jobs.list(limit=50)[0] if j.config.get("kind") == "toy-demo")
-    assert job.status == "succeeded"
-    ledger = store.ledger.entries(job.job_id)
-    assert sorted((e.role, e.step) for e in ledger) == sorted((r, s) for r in keys.ROLES for s in range(30))
-    manifest = get_step(store.client, AlignedBatchManifest, job.job_id, "manifests", 29)
-    assert manifest is not None
-    for q in manifest.queries:
-        assert [len(s) for s in q.slots] == [manifest.slots_per_rollout] * 8  # K·D aligned samples
-    assert store.episodes.step_ids(job.job_id, 0) == []  # old steps were garbage-collected
-
-
-def test_unreachable_redis_is_a_clean_cli_error(tmp_path):
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_demo_end_to_end_with_embedded_redis(tmp_path):
+    """The README's first command, one step: warm start (cached), embedded Redis, three service
+    processes, a job over REST, held-out evaluation, files in the run folder."""
+    cache = ROOT / ".cache" / "mgrpo"
     proc = mgrpo(
         "demo",
         "--steps",
         "1",
-        "--redis-wait-s",
-        "1",
         "--run-dir",
-        str(tmp_path),
-        env={"REDIS_URL": "redis://:pw@127.0.0.1:1/0"},
+        "out",
+        "--cache-dir",
+        str(cache),
+        cwd=tmp_path,
+        drop=("REDIS_URL",),
     )
-    assert proc.returncode == 2
-    assert "cannot reach Redis" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
-    assert ":pw@" not in proc.stdout
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        [r["step"] for r in rows] == [0]
+        and "planner/reward_mean" in rows[0]
+        and "subagent/reward_mean" in rows[0]
+    )
+    result = json.loads((out / "eval.json").read_text())
+    assert set(result["after"]) == set(result["before"]) and "heldout_stage2_T1" in result["after"]
+    assert (out / "rewards.png").stat().st_size > 10_000
+    assert (out / "redis" / "appendonly.aof").exists() or (
+        out / "redis" / "appendonlydir"
+    ).exists()  # embedded
+    assert "held-out" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
 
 
-def test_bad_option_is_a_usage_error(tmp_path):
+def test_submit_and_status_errors_are_clean(tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("steps: [1, 2\n")
+    proc = mgrpo("submit", str(bad))
+    assert proc.returncode == 2 and "not valid YAML" in proc.stdout and "Traceback" not in proc.stderr
+    proc = mgrpo("submit", str(tmp_path / "missing.yaml"))
+    assert proc.returncode == 2 and "no config file" in proc.stdout
+    good = tmp_path / "ok.yaml"
+    good.write_text("steps: 2\n")
+    proc = mgrpo("submit", str(good), "--controller", "http://127.0.0.1:1")
+    assert (
+        proc.returncode == 2
+        and "cannot reach the controller" in proc.stdout
+        and "Traceback" not in proc.stderr
+    )
+    proc = mgrpo("status", "--controller", "http://127.0.0.1:1")
+    assert proc.returncode == 2 and "cannot reach the controller" in proc.stdout
+
+
+def test_unknown_role_and_bad_option(tmp_path):
+    proc = mgrpo("serve", "boss")
+    assert proc.returncode == 2 and "unknown role" in proc.stdout
     proc = mgrpo("demo", "--steps", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

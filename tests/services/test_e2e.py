@@ -202,3 +202,29 @@ def test_partner_down_fails_the_job_with_a_reason(cluster):
     finally:
         cluster.start_role("subagent")
         cluster.wait_ready(120, ("subagent",))
+
+
+def wait_ledger(store, job_id, role, step, timeout_s=600):
+    deadline = time.monotonic() + timeout_s
+    while store.ledger.last_step(job_id, role) < step:
+        assert time.monotonic() < deadline, f"{role} never reached step {step}"
+        time.sleep(0.1)
+
+
+def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
+    job_id = submit(cluster, {**SMALL, "steps": 5, "prompts_per_step": 2, "rollouts_per_query": 4})
+    wait_ledger(store, job_id, "subagent", 0)
+    cluster.kill("subagent")  # SIGKILL mid-job: the planner's delegations fail until it is back
+    cluster.start_role("subagent")
+    cluster.wait_ready(120, ("subagent",))
+    wait_ledger(store, job_id, "planner", 2)
+    cluster.kill("planner")
+    cluster.start_role("planner")
+    cluster.wait_ready(120, ("planner",))
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    marks = [(e.role, e.step) for e in store.ledger.entries(job_id)]
+    assert sorted(marks) == sorted((r, s) for r in keys.ROLES for s in range(5)), (
+        marks
+    )  # every step exactly once
+    assert job["policy_versions"] == {"planner": 5, "subagent": 5}

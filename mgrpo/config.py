@@ -86,9 +86,6 @@ class JobConfig(_Strict):
     partner_timeout_s: float = Field(
         120.0, gt=0, le=86_400, description="Wait this long for the partner before failing the job."
     )
-    checkpoint_every_steps: int = Field(1, ge=1, description="Checkpoint period.")
-    eval_every_steps: int = Field(0, ge=0, description="Held-out evaluation period (0 = only at the end).")
-    eval_questions: int = Field(64, ge=1, le=10_000, description="Held-out questions per evaluation.")
 
     model_config = ConfigDict(
         extra="forbid",

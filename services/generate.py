@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from fastapi import FastAPI, HTTPException, Request, status
 from transformers import PreTrainedTokenizerBase
 
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
-from services.api import GenerateRequest, GenerateResponse
+from services.api import GenerateRequest, GenerateResponse, PolicyView
+from services.common import AuthDep
 
 
 def generate_with(
@@ -17,3 +22,37 @@ def generate_with(
     (s,) = engine.generate([ids], params)
     return GenerateResponse(text=s.text, token_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
                             policy_version=version)  # fmt: skip
+
+
+class _RunningJob(Protocol):
+    job_id: str
+    version: int
+    engine: HFEngine
+    tokenizer: PreTrainedTokenizerBase
+    model: Any
+
+
+def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _RunningJob | None]) -> None:
+    """`POST /v1/generate` and `GET /v1/policy` of a trainer service, on its running job."""
+
+    @app.post("/v1/generate", response_model=GenerateResponse, dependencies=[AuthDep], tags=[role])
+    def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
+        job = current(request)
+        if job is None:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT, f"the {role} service is not running a job; submit one first"
+            )
+        return generate_with(job.engine, job.tokenizer, body, job.version)
+
+    @app.get("/v1/policy", response_model=PolicyView, tags=[role])
+    def policy(request: Request) -> PolicyView:
+        job = current(request)
+        if job is None:
+            return PolicyView(role=role, job_id=None, version=0, step=-1, model="none loaded")
+        return PolicyView(
+            role=role,
+            job_id=job.job_id,
+            version=job.version,
+            step=job.version - 1,
+            model=type(job.model).__name__,
+        )

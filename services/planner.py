@@ -15,15 +15,12 @@ from mgrpo.config import JobConfig
 from planner_trainer.delegate import SubagentClient
 from planner_trainer.job import PlannerJob
 from services.api import (
-    GenerateRequest,
-    GenerateResponse,
-    PolicyView,
     RolloutRequest,
     RolloutResponse,
     RolloutView,
 )
 from services.common import AuthDep, install_common
-from services.generate import generate_with
+from services.generate import add_policy_routes
 from services.settings import get_settings
 from services.worker import JobWorker
 from shared_store import Store
@@ -115,21 +112,4 @@ def _probe(job: PlannerJob, client: SubagentClient, subtask: str) -> Delegation:
     return client.episode(body)
 
 
-@app.post("/v1/generate", response_model=GenerateResponse, dependencies=[AuthDep], tags=["planner"])
-def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
-    job = _job(request)
-    return generate_with(job.engine, job.tokenizer, body, job.version)
-
-
-@app.get("/v1/policy", response_model=PolicyView, tags=["planner"])
-def policy(request: Request) -> PolicyView:
-    job: PlannerJob | None = request.app.state.runtime.job
-    if job is None:
-        return PolicyView(role="planner", job_id=None, version=0, step=-1, model="none loaded")
-    return PolicyView(
-        role="planner",
-        job_id=job.job_id,
-        version=job.version,
-        step=job.version - 1,
-        model=type(job.model).__name__,
-    )
+add_policy_routes(app, "planner", lambda request: request.app.state.runtime.job)

@@ -10,9 +10,9 @@ import anyio
 from fastapi import FastAPI, HTTPException, Request, status
 
 from mgrpo.config import JobConfig
-from services.api import EpisodeRequest, EpisodeResponse, GenerateRequest, GenerateResponse, PolicyView
+from services.api import EpisodeRequest, EpisodeResponse
 from services.common import AuthDep, install_common
-from services.generate import generate_with
+from services.generate import add_policy_routes
 from services.settings import get_settings
 from services.worker import JobWorker
 from shared_store import Store, keys
@@ -88,16 +88,4 @@ def run_episode(body: EpisodeRequest, request: Request) -> EpisodeResponse:
                            expert_score=meta.expert_score, policy_version=meta.policy_version, n_tokens=meta.n_tokens)  # fmt: skip
 
 
-@app.post("/v1/generate", response_model=GenerateResponse, dependencies=[AuthDep], tags=["sub-agent"])
-def generate(body: GenerateRequest, request: Request) -> GenerateResponse:
-    job = _job(request)
-    return generate_with(job.engine, job.tokenizer, body, job.version)
-
-
-@app.get("/v1/policy", response_model=PolicyView, tags=["sub-agent"])
-def policy(request: Request) -> PolicyView:
-    job: SubagentJob | None = request.app.state.runtime.job
-    if job is None:
-        return PolicyView(role="subagent", job_id=None, version=0, step=-1, model="none loaded")
-    return PolicyView(role="subagent", job_id=job.job_id, version=job.version, step=job.version - 1,
-                      model=type(job.model).__name__)  # fmt: skip
+add_policy_routes(app, "subagent", lambda request: request.app.state.runtime.job)

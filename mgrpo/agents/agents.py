@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -96,7 +97,10 @@ class PlannerAgent:
         return PlannerRollout(tr, delegations)
 
 
-class SubAgent:
+class ToolAgent:
+    """An agent that calls tools until it emits its terminal tag: the sub-agent (`<result>`) or, with
+    `single=True`, the paper's single-agent baseline (the sub-agent's tools, the planner's `<answer>`)."""
+
     def __init__(
         self,
         engine: RolloutEngine,
@@ -105,49 +109,43 @@ class SubAgent:
         *,
         temperature: float = 1.0,
         limits: AgentLimits | None = None,
+        single: bool = False,
     ) -> None:
-        self.engine, self.tokenizer, self.call_tool = engine, tokenizer, call_tool
-        self.limits = limits or AgentLimits(max_turns=4)
+        self.engine, self.tokenizer, self.call_tool, self.single = engine, tokenizer, call_tool, single
+        default = AgentLimits(max_turns=10, max_context_tokens=1024) if single else AgentLimits(max_turns=4)
+        self.limits = limits or default
+        self.role = "single" if single else "subagent"
+        self.parse = parse_single_turn if single else parse_subagent_turn
+        self.prompt = planner_prompt if single else subagent_prompt
+        stops = SINGLE_STOPS if single else SUBAGENT_STOPS
         self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
-                                     stop_token_ids=_stop_ids(tokenizer, SUBAGENT_STOPS))  # fmt: skip
+                                     stop_token_ids=_stop_ids(tokenizer, stops))  # fmt: skip
 
-    def run(self, subtask: str, *, seed: int | None = None) -> Transcript:
+    def run(self, text: str, *, seed: int | None = None) -> Transcript:
+        """One episode on a subtask (sub-agent) or a question (single agent)."""
+
         def act(action: Action) -> list[int]:
-            if action.kind != "tool_call":  # pragma: no cover - the parser admits only tool_call/result
-                raise ValueError(action.kind)
             return observation_ids(
-                self.tokenizer, OBSERVATION_TAGS["subagent"], self.call_tool(*action.tool())
+                self.tokenizer, OBSERVATION_TAGS[self.role], self.call_tool(*action.tool())
             )
 
-        return run_agent(self.engine, subagent_prompt(self.tokenizer, subtask), parse=parse_subagent_turn, act=act,
+        return run_agent(self.engine, self.prompt(self.tokenizer, text), parse=self.parse, act=act,
                          params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
                          max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
 
 
-class SingleAgent:
-    """The paper's single-agent baseline: one model, the sub-agent's tools, the planner's answer tag."""
+class SubAgent(ToolAgent):
+    """The tool-using sub-agent: a subtask in, `<result>` out."""
 
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        tokenizer: PreTrainedTokenizerBase,
-        call_tool: Callable[[str, str], str],
-        *,
-        temperature: float = 1.0,
-        limits: AgentLimits | None = None,
-    ) -> None:
-        self.engine, self.tokenizer, self.call_tool = engine, tokenizer, call_tool
-        self.limits = limits or AgentLimits(max_turns=10, max_context_tokens=1024)
-        self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
-                                     stop_token_ids=_stop_ids(tokenizer, SINGLE_STOPS))  # fmt: skip
+
+class SingleAgent(ToolAgent):
+    """The single-agent baseline: a question in, `<answer>` out, every lookup done itself."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, single=True, **kwargs)
 
     def rollout(self, question: str, *, seed: int | None = None) -> Transcript:
-        def act(action: Action) -> list[int]:
-            return observation_ids(self.tokenizer, OBSERVATION_TAGS["single"], self.call_tool(*action.tool()))
-
-        return run_agent(self.engine, planner_prompt(self.tokenizer, question), parse=parse_single_turn, act=act,
-                         params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
-                         max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
+        return self.run(question, seed=seed)
 
 
 def _seeded(params: SamplingParams, seed: int | None) -> SamplingParams:

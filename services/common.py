@@ -4,18 +4,21 @@ and error handlers that turn known errors into 4xx responses with an actionable 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from services.settings import Settings, get_settings
-from shared_store import Store
+from shared_store import Store, keys
 from shared_store.connection import StoreUnavailableError
 from shared_store.jobs import JobConflictError, JobNotFoundError
-from shared_store.schemas import PayloadError, SchemaVersionError
+from shared_store.schemas import MetricsEvent, PayloadError, SchemaVersionError, decode
 
 _bearer = HTTPBearer(auto_error=False)
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -46,10 +49,32 @@ def require_token(
 AuthDep = Depends(require_token)
 
 
+class _TrainingMetrics(Collector):
+    """The running job's latest per-step metrics of this role (`planner/reward_mean`, `timing/rollout`,
+    …) as gauges `mgrpo_train{job_id, name}`, read from Redis at scrape time."""
+
+    def __init__(self, app: FastAPI, role: str) -> None:
+        self.app, self.role = app, role
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        runtime = getattr(self.app.state, "runtime", None)
+        job = getattr(runtime, "job", None)
+        gauge = GaugeMetricFamily(
+            "mgrpo_train", "Latest per-step training metric of this role", labels=["job_id", "name"]
+        )
+        if job is not None:
+            raw = self.app.state.store.client.hget(keys.metrics(job.job_id), self.role)
+            if raw is not None:
+                for name, value in decode(MetricsEvent, raw).values.items():
+                    gauge.add_metric([job.job_id, name], value)
+        yield gauge
+
+
 def install_common(app: FastAPI, role: str) -> None:
     """/healthz, /readyz, /metrics and the error handlers."""
     registry = CollectorRegistry()
     requests = Counter("mgrpo_http_requests", "HTTP requests", ["role", "path", "code"], registry=registry)
+    registry.register(_TrainingMetrics(app, role))
     app.state.prom_registry = registry
 
     @app.middleware("http")

@@ -125,6 +125,8 @@ def test_co_train_two_steps(cluster, store, warm):
     assert {"planner/reward_mean", "timing/rollout"} <= set(
         next(m for m in metrics if m["role"] == "planner")["values"]
     )
+    prom = httpx.get(f"{cluster.url('planner')}/metrics").text
+    assert 'mgrpo_http_requests_total{code="200",path="/readyz",role="planner"}' in prom
     ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
     assert {c["role"] for c in ckpts} == {"planner", "subagent"}
     for c in ckpts:  # every checkpoint is an ordinary HF folder
@@ -162,6 +164,8 @@ def test_cancel_stops_within_a_step(cluster, store):
     deadline = time.monotonic() + 300
     while store.ledger.last_step(job_id, "planner") < 0 and time.monotonic() < deadline:
         time.sleep(0.2)
+    prom = httpx.get(f"{cluster.url('planner')}/metrics").text  # the running job's training metrics as gauges
+    assert f'mgrpo_train{{job_id="{job_id}",name="planner/reward_mean"}}' in prom
     r = httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/cancel", headers=H)
     assert r.status_code == 200 and r.json()["cancel_requested"]
     job = wait(cluster, job_id, timeout_s=120)

@@ -17,6 +17,7 @@ from services.api import CheckpointList, JobList, JobView, MetricsList
 from services.common import AuthDep, StoreDep, install_common
 from services.settings import get_settings
 from shared_store import Store, keys
+from shared_store.jobs import JobNotFoundError
 from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, PolicyVersion, decode
 
 
@@ -129,8 +130,6 @@ def _checked(job_id: str) -> str:
     try:
         return keys.check_id("job id", job_id)
     except ValueError as exc:
-        from shared_store.jobs import JobNotFoundError
-
         raise JobNotFoundError(job_id) from exc
 
 

@@ -162,6 +162,35 @@ def status(
 
 
 @app.command()
+def train(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Job config (YAML or JSON).")],
+    run_dir: Annotated[Path | None, typer.Option(help="Run folder (default runs/train-<time>).")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(envvar="REDIS_URL", help="Redis to use; embedded if unset.")
+    ] = None,
+    cache_dir: Annotated[Path, typer.Option(help="Warm-start cache.")] = Path(".cache/mgrpo"),
+) -> None:
+    """Run one job in the foreground on a local cluster (like `mgrpo demo`, with your config)."""
+    from pydantic import ValidationError
+
+    from mgrpo.config import JobConfig
+    from services.demo import run_train
+
+    try:
+        job = JobConfig.model_validate(_read_config(config))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise fail(f"{config} is not a valid job config: {problems}") from None
+    out = run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    try:
+        final = run_train(job, out, redis_url=redis_url, cache_dir=cache_dir, console=console)
+    except (RuntimeError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    if final["status"] != "succeeded":
+        raise typer.Exit(code=1)
+
+
+@app.command()
 def version() -> None:
     """Print the mgrpo version."""
     console.print(__version__)

@@ -98,6 +98,33 @@ def run_demo(
     return result
 
 
+def run_train(
+    job: JobConfig, out: Path, *, redis_url: str | None, cache_dir: Path, console: Console
+) -> dict[str, Any]:
+    """`mgrpo train`: one job in the foreground on a local cluster; returns the finished job."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (
+        job.planner.preset is not None or job.subagent.preset is not None
+    ):  # warm-start here, with a progress bar
+        warmstart_with_progress(
+            warmstart_config(job), cache_dir, console, single_agent=job.mode == "single_agent"
+        )
+    with LocalCluster(
+        out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())}
+    ) as cluster:
+        base = cluster.url("controller")
+        resp = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30)
+        if resp.status_code != 201:
+            raise RuntimeError(f"the controller refused the job: {resp.status_code} {resp.text}")
+        final = _follow(base, resp.json()["job_id"], job.steps, console)
+        records = httpx.get(f"{base}/v1/jobs/{final['job_id']}/metrics", timeout=30).json()["records"]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(records)))
+    console.print(
+        f"job {final['job_id']} {final['status']} {final['reason']}; metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints"
+    )
+    return final
+
+
 def _follow(base: str, job_id: str, steps: int, console: Console) -> dict[str, Any]:
     cols = (
         TextColumn("[bold]M-GRPO {task.description}"),

@@ -61,7 +61,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.runtime = runtime = PlannerRuntime(store)
     anyio.to_thread.current_default_thread_limiter().total_tokens = 256
     worker = JobWorker(store, "planner", settings.consumer_name, runtime.run_job)
-    worker.start()
+    if settings.run_worker:
+        worker.start()
     yield
     worker.stop.set()
 

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     )
     redis_wait_s: float = Field(30.0, description="How long to wait for Redis at start-up.")
     http_timeout_s: float = Field(120.0, description="Timeout of one service-to-service request.")
+    run_worker: bool = Field(
+        True, description="Take jobs from the dispatch stream (false: an API-only replica)."
+    )
 
 
 @lru_cache

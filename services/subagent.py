@@ -59,7 +59,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.runtime = runtime = SubagentRuntime(store)
     anyio.to_thread.current_default_thread_limiter().total_tokens = 512  # many concurrent episodes
     worker = JobWorker(store, "subagent", settings.consumer_name, runtime.run_job)
-    worker.start()
+    if settings.run_worker:
+        worker.start()
     yield
     worker.stop.set()
 

@@ -77,3 +77,24 @@ def test_unknown_role_and_bad_option(tmp_path):
     assert proc.returncode == 2 and "unknown role" in proc.stdout
     proc = mgrpo("demo", "--steps", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_train_rejects_a_bad_config_with_the_field_path(tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("steps: 2\nplanner_optim:\n  lr: -1\n")
+    proc = mgrpo("train", "--config", str(cfg))
+    assert proc.returncode == 2 and "planner_optim.lr" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_train_runs_a_small_job_in_the_foreground(tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(
+        "mode: co_train\nsteps: 1\nprompts_per_step: 2\nrollouts_per_query: 2\nn_people: 100\nwarmstart_steps: 5\n"
+    )
+    proc = mgrpo("train", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
+                 drop=("REDIS_URL",))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "succeeded" in proc.stdout
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1

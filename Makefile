@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest setup clean
+.PHONY: demo test tools lint typecheck pytest setup clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# docker-compose validates docker-compose.yml offline (Debian's package; no Docker engine needed).
+tools:
+	@command -v docker-compose >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends docker-compose >/dev/null 2>&1 \
+	  || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null 2>&1) \
+	  || echo "docker-compose could not be installed: the compose check will be skipped"
+
+test: tools lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         has_gpu = False
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on a GPU machine: pytest -m gpu)")
     for item in items:
-        if "gpu" in item.keywords and not has_gpu:
+        if item.get_closest_marker("gpu") is not None and not has_gpu:
             item.add_marker(skip_gpu)
 
 

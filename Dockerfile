@@ -1,0 +1,35 @@
+# One image for every role; the role is the command: `mgrpo serve controller|planner|subagent`.
+#   docker build -t mgrpo .                              # CPU (default)
+#   docker build -t mgrpo:cuda --build-arg TORCH_VARIANT=cu126 .   # CUDA torch for GPU trainers
+# SGLang servers run from SGLang's own image (see docker-compose.yml, profile gpu): SGLang pins its
+# own CUDA torch and is not installed beside ours.
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
+
+ARG TORCH_VARIANT=cpu
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MGRPO_CHECKPOINT_DIR=/data/checkpoints MGRPO_CACHE_DIR=/data/cache PORT=8000
+
+RUN useradd --create-home --uid 10001 mgrpo && mkdir -p /data /app && chown mgrpo /data /app
+WORKDIR /app
+
+# Dependencies first (a layer that changes only with pyproject.toml), the source after.
+COPY pyproject.toml README.md ./
+RUN mkdir -p mgrpo shared_store planner_trainer subagent_trainer services \
+ && for p in mgrpo shared_store planner_trainer subagent_trainer services; do touch $p/__init__.py; done \
+ && pip install --extra-index-url https://download.pytorch.org/whl/${TORCH_VARIANT} . \
+ && pip uninstall -y mgrpo
+COPY mgrpo ./mgrpo
+COPY shared_store ./shared_store
+COPY planner_trainer ./planner_trainer
+COPY subagent_trainer ./subagent_trainer
+COPY services ./services
+RUN pip install --no-deps .
+
+USER mgrpo
+VOLUME ["/data"]
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=4 \
+  CMD python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\", \"8000\")}/healthz', timeout=4)"
+ENTRYPOINT ["mgrpo"]
+CMD ["serve", "controller", "--port", "8000"]

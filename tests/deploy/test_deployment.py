@@ -1,0 +1,136 @@
+"""Deployment files checked offline: the Helm chart rendered and linted by an embedded Helm and every
+manifest validated against the Kubernetes schemas; docker-compose.yml validated by docker-compose;
+and the wiring: every command is a real CLI entry point, every environment name a settings field."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import typer
+import yaml
+
+from services.cli import app
+from services.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "k8s" / "mgrpo"
+GPU_VALUES = yaml.safe_load((CHART / "values-gpu.yaml").read_text())
+K8S_VERSION = kubernetes_validate.latest_version()
+ROLES = {"controller", "planner", "subagent"}
+
+
+def render(values: dict) -> list[dict]:
+    out = helm.Chart.load(str(CHART)).render(values, name="rel", namespace="default")
+    return [d for path, text in out.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+
+
+def settings_env_names() -> set[str]:
+    names = set()
+    for name, field in Settings.model_fields.items():
+        names.add(
+            field.validation_alias if isinstance(field.validation_alias, str) else f"MGRPO_{name.upper()}"
+        )
+    return names
+
+
+@pytest.mark.parametrize(
+    "values", [{"apiToken": "t"}, {**GPU_VALUES, "apiToken": "t"}], ids=["default", "gpu"]
+)
+def test_chart_renders_lints_and_validates(values):
+    docs = render(values)
+    kinds = sorted(d["kind"] for d in docs)
+    assert (
+        kinds.count("Deployment") == 3
+        and "StatefulSet" in kinds
+        and kinds.count("PersistentVolumeClaim") == 2
+    )
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    report = helm.lint(str(CHART), values, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
+
+
+def test_gpu_values_put_each_trainer_on_its_own_gpu_node():
+    trainers = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+                for d in render({**GPU_VALUES, "apiToken": "t"})
+                if d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] != "controller"}  # fmt: skip
+    assert set(trainers) == {"planner", "subagent"}
+    for role, spec in trainers.items():
+        (c,) = spec["containers"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert spec["nodeSelector"] == {"mgrpo.io/pool": f"{role}-gpu"} and spec["tolerations"]
+        other = ({"planner", "subagent"} - {role}).pop()
+        term = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == other
+        assert (
+            c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        )
+
+
+def test_external_redis_and_a_missing_token():
+    docs = render({"apiToken": "t", "redis": {"enabled": False, "url": "rediss://:pw@redis.example:6380/0"}})
+    assert "StatefulSet" not in {d["kind"] for d in docs}
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert config["data"]["REDIS_URL"] == "rediss://:pw@redis.example:6380/0"
+    with pytest.raises(helm.HelmRenderError, match="apiToken"):
+        render({})
+    with pytest.raises(helm.HelmRenderError, match=r"redis\.url"):
+        render({"apiToken": "t", "redis": {"enabled": False}})
+
+
+def compose(*args: str, token: str | None = "t") -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose is not installed (make test installs Debian's package when it can)")
+    env = {k: v for k, v in os.environ.items() if k != "MGRPO_API_TOKEN"}
+    if token is not None:
+        env["MGRPO_API_TOKEN"] = token
+    return subprocess.run(
+        [exe, "-f", str(ROOT / "docker-compose.yml"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_compose_file_is_valid():
+    assert compose("config", "-q").returncode == 0
+    assert compose("--profile", "gpu", "config", "-q").returncode == 0
+    no_token = compose("config", "-q", token=None)
+    assert no_token.returncode != 0 and "MGRPO_API_TOKEN" in no_token.stderr
+
+
+def commands_and_env() -> tuple[list[list[str]], set[str]]:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    commands, env = [], set()
+    for service in spec["services"].values():
+        if service.get("image", "").startswith("mgrpo"):
+            commands.append(service["command"])
+            env |= set(service.get("environment", {}))
+    for doc in render({**GPU_VALUES, "apiToken": "t"}):
+        if doc["kind"] == "Deployment":
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                commands.append(c["args"])
+                env |= {e["name"] for e in c.get("env", [])}
+        if doc["kind"] in ("ConfigMap", "Secret"):
+            env |= set(doc.get("data", {})) | set(doc.get("stringData", {}))
+    return commands, env
+
+
+def test_every_command_is_a_cli_entry_point_and_every_env_name_a_setting():
+    commands, env = commands_and_env()
+    cli = typer.main.get_command(app)
+    assert len(commands) >= 6
+    for command in commands:
+        assert command[0] in cli.commands, f"{command} is not an mgrpo command"  # type: ignore[attr-defined]
+        assert command[0] == "serve" and command[1] in ROLES, command
+    unknown = env - settings_env_names()
+    assert not unknown, f"environment names that no settings field reads: {sorted(unknown)}"

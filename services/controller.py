@@ -67,7 +67,9 @@ def create_job(
 
 @app.get("/v1/jobs", response_model=JobList, tags=["jobs"])
 def list_jobs(
-    store: StoreDep, offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+    store: StoreDep,
+    offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> JobList:
     records, total = store.jobs.list(offset=offset, limit=limit)
     return JobList(jobs=[job_view(store, r) for r in records], total=total, offset=offset, limit=limit)

@@ -4,10 +4,6 @@ current policy of the running job."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import anyio
 from fastapi import FastAPI, HTTPException, Request, status
 
 from mgrpo.agents.agents import Delegation, PlannerAgent
@@ -22,7 +18,7 @@ from services.api import (
 from services.common import AuthDep, install_common
 from services.generate import add_policy_routes
 from services.settings import get_settings
-from services.worker import JobWorker
+from services.worker import trainer_lifespan
 from shared_store import Store
 
 
@@ -53,19 +49,7 @@ class PlannerRuntime:
                 client.close()
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = get_settings()
-    store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
-    app.state.store = store
-    app.state.runtime = runtime = PlannerRuntime(store)
-    anyio.to_thread.current_default_thread_limiter().total_tokens = 256
-    worker = JobWorker(store, "planner", settings.consumer_name, runtime.run_job)
-    if settings.run_worker:
-        worker.start()
-    yield
-    worker.stop.set()
-
+lifespan = trainer_lifespan("planner", PlannerRuntime, threads=256)
 
 app = FastAPI(title="mgrpo planner", version="0.1.0", lifespan=lifespan,
               description="The planner trainer: rollouts with delegation, statistics, updates.")  # fmt: skip

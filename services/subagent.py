@@ -3,10 +3,6 @@ records each in Redis, and trains on every step's aligned batch in its job worke
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import anyio
 from fastapi import FastAPI, HTTPException, Request, status
 
 from mgrpo.config import JobConfig
@@ -14,7 +10,7 @@ from services.api import EpisodeRequest, EpisodeResponse
 from services.common import AuthDep, install_common
 from services.generate import add_policy_routes
 from services.settings import get_settings
-from services.worker import JobWorker
+from services.worker import trainer_lifespan
 from shared_store import Store, keys
 from shared_store.jobs import JobCancelled
 from shared_store.schemas import TERMINAL, PlannerStepStats
@@ -51,19 +47,7 @@ class SubagentRuntime:
             job.close()
 
 
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = get_settings()
-    store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
-    app.state.store = store
-    app.state.runtime = runtime = SubagentRuntime(store)
-    anyio.to_thread.current_default_thread_limiter().total_tokens = 512  # many concurrent episodes
-    worker = JobWorker(store, "subagent", settings.consumer_name, runtime.run_job)
-    if settings.run_worker:
-        worker.start()
-    yield
-    worker.stop.set()
-
+lifespan = trainer_lifespan("subagent", SubagentRuntime, threads=512)
 
 app = FastAPI(title="mgrpo sub-agent", version="0.1.0", lifespan=lifespan,
               description="Delegated sub-agent episodes with the current policy; the sub-agent trainer.")  # fmt: skip

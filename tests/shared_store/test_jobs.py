@@ -34,6 +34,8 @@ def test_generated_id_and_listing(store):
     assert page[0].job_id == ids[-1]  # newest first
     with pytest.raises(ValueError, match="limit"):
         store.jobs.list(limit=0)
+    with pytest.raises(ValueError, match="offset"):
+        store.jobs.list(offset=2**64)  # Redis would fail on it: found by schemathesis
 
 
 def test_legal_and_illegal_transitions(store, job_id):

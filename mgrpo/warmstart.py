@@ -25,7 +25,7 @@ from mgrpo.agents.loop import Transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate, evaluate_single
-from mgrpo.models import build_model, load, save, train_tokenizer
+from mgrpo.models import build_model, save, train_tokenizer
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions
 from mgrpo.tasks.demos import planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
@@ -164,10 +164,6 @@ def cached_warmstart(
         result = run(cfg, tmp, on_step=on_step)
         tmp.rename(folder)  # only a finished warm start is ever found in the cache
     return WarmstartResult(folder, folder / names[0], folder / names[1], result.metrics, cached=False)
-
-
-def load_warmstart(result: WarmstartResult) -> tuple[tuple[PreTrainedModel, PreTrainedTokenizerFast], ...]:
-    return load(result.planner_path), load(result.subagent_path)
 
 
 def _majority(task: DeepResearchTask) -> dict[str, str]:

@@ -151,6 +151,3 @@ class JobRegistry:
 
     def cancel_requested(self, job_id: str) -> bool:
         return self.r.hget(keys.job(job_id), "cancel_requested") == b"1"
-
-    def set_reason(self, job_id: str, reason: str) -> None:
-        self.r.hset(keys.job(job_id), "reason", reason)

@@ -51,11 +51,6 @@ def job(job_id: str) -> str:
     return f"{_job(job_id)}:job"
 
 
-def job_pattern(job_id: str) -> str:
-    """SCAN pattern matching every key of one job."""
-    return f"{_job(job_id)}:*"
-
-
 def stream(job_id: str, name: StreamName) -> str:
     """STREAM of one job: planner_stats, subagent_stats, manifests or events."""
     if name not in STREAMS:

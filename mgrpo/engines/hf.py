@@ -87,11 +87,6 @@ class HFEngine:
         with self._lock:
             yield
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Swap in new weights (e.g. from the trainer in the same process) between batches."""
-        with self._lock:
-            self.model.load_state_dict(state)
-
     def close(self) -> None:
         self._queue.put(None)
         self._worker.join(timeout=5)

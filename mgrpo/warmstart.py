@@ -128,18 +128,29 @@ def evaluate_system(
     cfg: WarmstartConfig,
 ) -> dict[str, dict[str, float]]:
     """Held-out stage-1 and stage-2 success at temperature 1 and greedy, with baselines."""
-    majority = majority_answers(
-        make_questions(task.world, "train", 1, 600) + make_questions(task.world, "train", 2, 1000)
-    )
+
+    def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
+        system = System.build(task, planner, subagent, temperature=temperature)
+        try:
+            return evaluate(system, qs, majority)
+        finally:
+            system.close()
+
+    return heldout_grid(task, cfg, run)
+
+
+def heldout_grid(
+    task: DeepResearchTask,
+    cfg: WarmstartConfig,
+    run: Callable[[list[Question], dict[str, str], float], dict[str, float]],
+) -> dict[str, dict[str, float]]:
+    """`run` on the same held-out questions for every system: stages 1 and 2, temperature 1 and greedy."""
+    majority = _majority(task)
     out: dict[str, dict[str, float]] = {}
     for stage in (1, 2):
         qs = make_questions(task.world, "heldout", stage, cfg.eval_questions, seed=1000 + cfg.seed)
         for temperature in (1.0, 0.0):
-            system = System.build(task, planner, subagent, temperature=temperature)
-            try:
-                out[f"heldout_stage{stage}_T{temperature:g}"] = evaluate(system, qs, majority)
-            finally:
-                system.close()
+            out[f"heldout_stage{stage}_T{temperature:g}"] = run(qs, majority, temperature)
     return out
 
 
@@ -190,18 +201,15 @@ def run_single_warmstart(
         )
         if on_step:
             on_step(step, {"single/sft_loss": loss})
-    majority = _majority(task)
-    metrics: dict[str, dict[str, float]] = {}
-    for stage in (1, 2) if cfg.eval_questions else ():
-        qs = make_questions(task.world, "heldout", stage, cfg.eval_questions, seed=1000 + cfg.seed)
-        for temperature in (1.0, 0.0):
-            engine = HFEngine(model, tok)
-            try:
-                metrics[f"heldout_stage{stage}_T{temperature:g}"] = evaluate_single(
-                    engine, task, qs, majority, temperature=temperature
-                )
-            finally:
-                engine.close()
+
+    def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
+        engine = HFEngine(model, tok)
+        try:
+            return evaluate_single(engine, task, qs, majority, temperature=temperature)
+        finally:
+            engine.close()
+
+    metrics = heldout_grid(task, cfg, run) if cfg.eval_questions else {}
     out.mkdir(parents=True, exist_ok=True)
     save(model, tok, out / "single")
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))

@@ -29,8 +29,10 @@ def save_checkpoint(
     step: int,
     version: int,
     keep: int = 2,
+    keep_every_steps: int = 0,
 ) -> CheckpointInfo:
-    """Write `root/step-<step>` atomically; keep the newest `keep` checkpoints."""
+    """Write `root/step-<step>` atomically; keep the newest `keep` checkpoints and, when
+    `keep_every_steps` > 0, every checkpoint whose step count (step + 1) is a multiple of it."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".step-{step:06d}.partial"
@@ -43,6 +45,8 @@ def save_checkpoint(
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step-*"))[:-keep]:
+        if keep_every_steps and (int(old.name.removeprefix("step-")) + 1) % keep_every_steps == 0:
+            continue
         shutil.rmtree(old, ignore_errors=True)
     return CheckpointInfo(final, step, version)
 

@@ -48,6 +48,12 @@ class OptimConfig(_Strict):
         "seq-mean-token-mean", description="Loss aggregation."
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="β of the k3 KL penalty to the job's starting model (0 = off, as in the paper).",
+    )
 
 
 class JobConfig(_Strict):
@@ -71,7 +77,12 @@ class JobConfig(_Strict):
     stage: Literal[1, 2] = Field(
         2, description="Question stage of the built-in task (1 simple, 2 multi-hop)."
     )
-    seed: int = Field(0, description="Job seed: world, question sampling, alignment draws.")
+    seed: int = Field(0, description="Job seed: world, warm start, question sampling, alignment draws.")
+    run_seed: int = Field(
+        0,
+        ge=0,
+        description="Varies the RL run (question order, alignment draws) on the same world and warm start.",
+    )
     n_people: int = Field(2000, ge=10, le=1_000_000, description="People in the built-in world.")
     warmstart_steps: int = Field(
         350, ge=0, le=100_000, description="SFT steps of the cached warm start (0: untrained presets)."
@@ -80,6 +91,12 @@ class JobConfig(_Strict):
     subagent: ModelSpec = Field(default_factory=lambda: ModelSpec(preset="tiny-wide"))
     planner_optim: OptimConfig = Field(default_factory=OptimConfig)
     subagent_optim: OptimConfig = Field(default_factory=OptimConfig)
+    checkpoint_keep_every_steps: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Also keep every N-th step's checkpoint (0: only the newest two), e.g. for learning curves.",
+    )
     max_staleness: int = Field(
         0, ge=0, le=16, description="Policy versions a partner may lag behind (0 = synchronous)."
     )

@@ -37,3 +37,13 @@ def load_role_model(
         return load(spec.path)
     result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
     return load(result.subagent_path if role == "subagent" else result.planner_path)
+
+
+def reference_model(job: JobConfig, role: RoleName, cache_dir: Path) -> PreTrainedModel | None:
+    """The frozen starting model the KL penalty anchors to (None when the role's kl_coef is 0).
+    A resumed trainer loads it again from the job's source, not from its checkpoint."""
+    optim = job.subagent_optim if role == "subagent" else job.planner_optim
+    if optim.kl_coef == 0:
+        return None
+    model, _ = load_role_model(job, role, cache_dir)
+    return model.eval().requires_grad_(False)

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from mgrpo.agents.loop import Transcript
 from mgrpo.algo.loss import AggMode, policy_loss
 from mgrpo.batching import collate
+from mgrpo.config import OptimConfig
 from mgrpo.models import token_logprobs
 
 
@@ -29,6 +30,14 @@ class UpdateSettings:
     loss_agg: AggMode = "seq-mean-token-mean"
     max_grad_norm: float = 1.0
     temperature: float = 1.0
+    kl_coef: float = 0.0
+
+    @classmethod
+    def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
+        """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
+        o = optim
+        return cls(o.ppo_epochs, o.minibatch_size, o.clip_low, o.clip_high, o.loss_agg, o.max_grad_norm,
+                   temperature, o.kl_coef)  # fmt: skip
 
 
 def ppo_update(
@@ -39,9 +48,13 @@ def ppo_update(
     *,
     pad_id: int,
     seed: int = 0,
+    ref_model: PreTrainedModel | None = None,
 ) -> dict[str, float]:
     """Run `ppo_epochs` passes of minibatch updates; returns mean metrics (loss, clip_frac, approx_kl,
-    grad_norm, tokens). Samples whose advantage is 0 still count (they are real group members)."""
+    grad_norm, tokens; kl_ref with a `ref_model`). Samples whose advantage is 0 still count (they are
+    real group members). `ref_model` (frozen) is needed when `settings.kl_coef` > 0."""
+    if settings.kl_coef > 0 and ref_model is None:
+        raise ValueError("kl_coef > 0 needs ref_model (the frozen starting model)")
     if not samples:
         return {"samples": 0.0}
     rng = random.Random(seed)
@@ -53,7 +66,7 @@ def ppo_update(
         rng.shuffle(order)
         for start in range(0, len(order), settings.minibatch_size):
             idx = order[start : start + settings.minibatch_size]
-            metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id)
+            metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id, ref_model)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             n_updates += 1
@@ -70,12 +83,19 @@ def _minibatch(
     batch_samples: list[tuple[Transcript, float]],
     s: UpdateSettings,
     pad_id: int,
+    ref_model: PreTrainedModel | None,
 ) -> dict[str, float]:
     batch = collate([t for t, _ in batch_samples], pad_id)
     adv = torch.tensor([a for _, a in batch_samples], dtype=torch.float32)  # (B,)
+    ref_logp = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logp = token_logprobs(
+                ref_model, batch.input_ids, batch.attention_mask, temperature=s.temperature
+            )
     logp = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)  # (B, T-1)
     loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
-                                clip_high=s.clip_high, agg=s.loss_agg)  # fmt: skip
+                                clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef)  # fmt: skip
     optimizer.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)

@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -126,8 +127,10 @@ def evaluate_system(
     planner: tuple[PreTrainedModel, PreTrainedTokenizerFast],
     subagent: tuple[PreTrainedModel, PreTrainedTokenizerFast],
     cfg: WarmstartConfig,
+    **grid: Any,
 ) -> dict[str, dict[str, float]]:
-    """Held-out stage-1 and stage-2 success at temperature 1 and greedy, with baselines."""
+    """Held-out success of planner + sub-agent (stages 1 and 2, temperature 1 and greedy by default;
+    `grid` narrows it: see `heldout_grid`), with baselines and process metrics."""
 
     def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
         system = System.build(task, planner, subagent, temperature=temperature)
@@ -136,20 +139,45 @@ def evaluate_system(
         finally:
             system.close()
 
-    return heldout_grid(task, cfg, run)
+    return heldout_grid(task, cfg, run, **grid)
+
+
+def evaluate_single_model(
+    task: DeepResearchTask,
+    single: tuple[PreTrainedModel, PreTrainedTokenizerFast],
+    cfg: WarmstartConfig,
+    **grid: Any,
+) -> dict[str, dict[str, float]]:
+    """The single-agent baseline on the same held-out grid as `evaluate_system`."""
+
+    def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
+        engine = HFEngine(*single)
+        try:
+            return evaluate_single(engine, task, qs, majority, temperature=temperature)
+        finally:
+            engine.close()
+
+    return heldout_grid(task, cfg, run, **grid)
 
 
 def heldout_grid(
     task: DeepResearchTask,
     cfg: WarmstartConfig,
     run: Callable[[list[Question], dict[str, str], float], dict[str, float]],
+    *,
+    stages: tuple[int, ...] = (1, 2),
+    temperatures: tuple[float, ...] = (1.0, 0.0),
+    n_questions: int | None = None,
 ) -> dict[str, dict[str, float]]:
-    """`run` on the same held-out questions for every system: stages 1 and 2, temperature 1 and greedy."""
+    """`run` on the same held-out questions for every system (`cfg.eval_questions` per stage unless
+    `n_questions`); cells are named `heldout_stage<stage>_T<temperature>`."""
     majority = _majority(task)
     out: dict[str, dict[str, float]] = {}
-    for stage in (1, 2):
-        qs = make_questions(task.world, "heldout", stage, cfg.eval_questions, seed=1000 + cfg.seed)
-        for temperature in (1.0, 0.0):
+    for stage in stages:
+        qs = make_questions(
+            task.world, "heldout", stage, n_questions or cfg.eval_questions, seed=1000 + cfg.seed
+        )
+        for temperature in temperatures:
             out[f"heldout_stage{stage}_T{temperature:g}"] = run(qs, majority, temperature)
     return out
 
@@ -202,14 +230,7 @@ def run_single_warmstart(
         if on_step:
             on_step(step, {"single/sft_loss": loss})
 
-    def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
-        engine = HFEngine(model, tok)
-        try:
-            return evaluate_single(engine, task, qs, majority, temperature=temperature)
-        finally:
-            engine.close()
-
-    metrics = heldout_grid(task, cfg, run) if cfg.eval_questions else {}
+    metrics = evaluate_single_model(task, (model, tok), cfg) if cfg.eval_questions else {}
     out.mkdir(parents=True, exist_ok=True)
     save(model, tok, out / "single")
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))

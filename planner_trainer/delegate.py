@@ -1,5 +1,7 @@
 """Delegation over HTTP: a planner rollout's subtask becomes `POST {subagent}/v1/episodes`.
 
+The sub-agent answers with a `Server-Timing` header (its handler time and its Redis write); the
+client records, per delegation, the time spent in exchange (HTTP + Redis) rather than in the model.
 Retries with backoff while the sub-agent service is down or still loading the job, up to the job's
 `partner_timeout_s`; then `PartnerError` names the partner, so the job fails with a clear reason
 instead of hanging.
@@ -13,6 +15,21 @@ from typing import Any
 import httpx
 
 from mgrpo.agents.agents import Delegation
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """`Server-Timing: a;dur=1.5, b;dur=2` → {"a": 1.5, "b": 2.0} (ms); entries without dur are skipped."""
+    out: dict[str, float] = {}
+    for entry in header.split(","):
+        name, *params = (p.strip() for p in entry.split(";"))
+        for p in params:
+            key, _, value = p.partition("=")
+            if name and key == "dur":
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+    return out
 
 
 class PartnerError(RuntimeError):
@@ -32,10 +49,14 @@ class SubagentClient:
         delay, last = 0.05, "no answer"
         while time.monotonic() < deadline:
             try:
+                t0 = time.perf_counter()
                 resp = self.http.post("/v1/episodes", json=body)
                 if resp.status_code == 200:
                     data = resp.json()
-                    return Delegation(body["subtask"], data["result"], data["episode_id"])
+                    timing = server_timing(resp.headers.get("server-timing", ""))
+                    model_s = (timing.get("episode", 0.0) - timing.get("store", 0.0)) / 1e3
+                    exchange_s = max(time.perf_counter() - t0 - model_s, 0.0)
+                    return Delegation(body["subtask"], data["result"], data["episode_id"], exchange_s)
                 if resp.status_code not in (409, 503):  # 409: job not loaded yet; 503: not ready
                     raise PartnerError(
                         f"sub-agent service at {self.base_url} refused an episode: {resp.status_code} {resp.text[:200]}"

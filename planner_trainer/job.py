@@ -1,10 +1,12 @@
 """One job on the planner service: the step loop.
 
-Per step s (phases timed under these names): `wait` (the sub-agent's policy is at version ≥ s −
-max_staleness) → `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP call
-to the sub-agent service) → `reward` (R_M, SPEC §3) → `publish` (per-query statistics to Redis) →
-`adv` (over each query's K rollouts, SPEC §5) → `update` (clipped PPO, SPEC §6) → `checkpoint` →
-ledger, policy version s+1, progress, metrics. A restarted trainer resumes after the last step its
+Per step s (phases timed as `timing/<name>`): `wait_partner` (the sub-agent's policy is at version
+≥ s − max_staleness) → `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP
+call to the sub-agent service) → `reward` (R_M, SPEC §3) → per-query statistics to Redis → `adv`
+(over each query's K rollouts, SPEC §5) → `update` (clipped PPO, SPEC §6) → `checkpoint` → ledger,
+policy version s+1, progress. `exchange_redis` is the Redis time on this path (statistics, ledger,
+version, progress); `exchange_http_critical` the longest per-rollout sum of delegation time spent in
+HTTP and Redis rather than in the sub-agent's model (from its `Server-Timing` header). A restarted trainer resumes after the last step its
 ledger holds, from that step's checkpoint.
 """
 
@@ -26,7 +28,7 @@ from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_chec
 from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load
-from mgrpo.runtime import RoleName, job_task, load_role_model
+from mgrpo.runtime import RoleName, job_task, load_role_model, reference_model
 from mgrpo.tasks.deep_research import Question, make_questions
 from mgrpo.training import UpdateSettings, ppo_update
 from planner_trainer.delegate import PartnerError, SubagentClient
@@ -65,8 +67,8 @@ class PlannerJob:
         o, spec = cfg.planner_optim, cfg.planner
         self.limits = AgentLimits(10 if self.single else 6, spec.max_context_tokens * (2 if self.single else 1),
                                   spec.max_new_tokens_per_turn)  # fmt: skip
-        self.update_settings = UpdateSettings(o.ppo_epochs, o.minibatch_size, o.clip_low, o.clip_high, o.loss_agg,
-                                              o.max_grad_norm, spec.temperature)  # fmt: skip
+        self.update_settings = UpdateSettings.of(o, spec.temperature)
+        self.ref_model = reference_model(cfg, role, cache_dir)
         store.policies.publish(PolicyVersion(job_id=job_id, role="planner", version=self.version, step=last))
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
@@ -86,38 +88,37 @@ class PlannerJob:
         transcripts, delegations = self._rollouts(step, questions)
         t_roll = time.perf_counter()
         rewards, correct, queries = self._rewards(questions, transcripts, delegations)
+        t_rew = time.perf_counter()
         publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
                      policy_version=self.version, queries=queries))  # fmt: skip
         t_pub = time.perf_counter()
         groups = torch.arange(len(questions)).repeat_interleave(self.cfg.rollouts_per_query)
         adv = group_advantages(torch.tensor(rewards), groups)
+        t_adv = time.perf_counter()
         with self.engine.paused():
             metrics = ppo_update(self.model, self.optimizer, list(zip(transcripts, adv.tolist(), strict=True)),
-                                 self.update_settings, pad_id=int(self.tokenizer.pad_token_id), seed=step)  # fmt: skip
+                                 self.update_settings, pad_id=int(self.tokenizer.pad_token_id), seed=step,
+                                 ref_model=self.ref_model)  # fmt: skip
         self.version += 1
         t_upd = time.perf_counter()
-        ckpt = save_checkpoint(
-            self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=step, version=self.version
-        )
-        self.store.ledger.mark(
-            LedgerEntry(job_id=self.job_id, role="planner", step=step, policy_version=self.version)
-        )
-        self.store.policies.publish(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
-                                                  checkpoint=str(ckpt.path)))  # fmt: skip
-        self.store.progress.advance(self.job_id, "planner", step)
-        if self.single:
-            self.store.progress.advance(self.job_id, "subagent", step)
-        self.store.progress.collect(self.job_id, keep_steps=1)
+        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=step,
+                               version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
+        t_ckpt = time.perf_counter()
+        self._commit(step, ckpt.path)
         t_end = time.perf_counter()
         n_del = [len(d) for d in delegations]
+        exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
         values = {
             **{f"planner/{k}": v for k, v in metrics.items()},
             "planner/reward_mean": float(np.mean(rewards)), "planner/success": float(np.mean(correct)),
             "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
             "planner/delegations_mean": float(np.mean(n_del)), "planner/adv_std": float(adv.std()),
             "planner/version": float(self.version),
-            "timing/wait_partner": t_wait - t0, "timing/rollout": t_roll - t_wait, "timing/reward_publish": t_pub - t_roll,
-            "timing/update": t_upd - t_pub, "timing/checkpoint": t_end - t_upd, "timing/step": t_end - t0,
+            "timing/wait_partner": t_wait - t0, "timing/rollout": t_roll - t_wait, "timing/reward": t_rew - t_roll,
+            "timing/adv": t_adv - t_pub, "timing/update": t_upd - t_adv, "timing/checkpoint": t_ckpt - t_upd,
+            "timing/exchange_redis": (t_pub - t_rew) + (t_end - t_ckpt), "timing/step": t_end - t0,
+            "timing/exchange_http_critical": max(exchange, default=0.0),
+            "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for ds in delegations for d in ds] or [0.0])),
         }  # fmt: skip
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", values=values)
@@ -126,8 +127,20 @@ class PlannerJob:
                         message=str(ckpt.path), values={"checkpoint": 1.0, "version": float(self.version)}))  # fmt: skip
         return values
 
+    def _commit(self, step: int, ckpt: Path) -> None:
+        """The step is done: ledger, policy version, progress (and garbage collection) in Redis."""
+        self.store.ledger.mark(
+            LedgerEntry(job_id=self.job_id, role="planner", step=step, policy_version=self.version)
+        )
+        self.store.policies.publish(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
+                                                  checkpoint=str(ckpt)))  # fmt: skip
+        self.store.progress.advance(self.job_id, "planner", step)
+        if self.single:
+            self.store.progress.advance(self.job_id, "subagent", step)
+        self.store.progress.collect(self.job_id, keep_steps=1)
+
     def _questions(self, step: int) -> list[Question]:
-        seed = random.Random(f"{self.cfg.seed}:{step}").randrange(2**31)
+        seed = random.Random(f"{self.cfg.seed}:{self.cfg.run_seed}:{step}").randrange(2**31)
         return make_questions(self.task.world, "train", self.cfg.stage, self.cfg.prompts_per_step, seed=seed)
 
     def _rollouts(

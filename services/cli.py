@@ -231,8 +231,11 @@ def demo(
         str | None, typer.Option(envvar="REDIS_URL", help="Redis to use; embedded if unset.")
     ] = None,
     cache_dir: Annotated[Path, typer.Option(help="Warm-start cache.")] = Path(".cache/mgrpo"),
-    lr: Annotated[float, typer.Option(min=1e-7, max=1.0, help="Learning rate of both trainers.")] = 2e-4,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1.0, help="Learning rate of both trainers.")] = 1e-4,
     ppo_epochs: Annotated[int, typer.Option(min=1, max=16, help="Passes over each step's batch.")] = 1,
+    eval_questions: Annotated[
+        int, typer.Option(min=10, max=10_000, help="Held-out questions of the before/after evaluation.")
+    ] = 200,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the three services as
     separate processes, one co_train job over REST with live progress, then held-out results."""
@@ -247,6 +250,7 @@ def demo(
             cache_dir=cache_dir,
             lr=lr,
             ppo_epochs=ppo_epochs,
+            eval_questions=eval_questions,
             console=console,
         )
     except (RuntimeError, ValueError) as exc:

@@ -3,13 +3,14 @@
 1. warm start (cached; trained once, about 5 minutes on 2 cores) and its held-out evaluation;
 2. a local cluster: embedded Redis (unless REDIS_URL) and the three services as separate processes;
 3. one `co_train` job submitted over REST, followed live (step, reward per role, timings);
-4. the final checkpoints evaluated on the same held-out questions, printed next to the warm start
-   and the baselines; `metrics.jsonl`, `rewards.png`, `eval.json` and both checkpoints in the run folder.
+4. the warm start and the final checkpoints evaluated side by side on the same held-out stage-2
+   questions (200 by default), printed with standard errors next to the baselines; `metrics.jsonl`, `rewards.png`, `eval.json` and both checkpoints in the run folder.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -60,12 +61,12 @@ def run_demo(
     cache_dir: Path,
     lr: float,
     ppo_epochs: int,
+    eval_questions: int,
     console: Console,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    job = JobConfig(steps=steps, prompts_per_step=8, rollouts_per_query=8, subagent_slots_per_rollout=4,
-                    planner_optim={"lr": lr, "ppo_epochs": ppo_epochs, "minibatch_size": 32},
-                    subagent_optim={"lr": lr, "ppo_epochs": ppo_epochs, "minibatch_size": 64})  # fmt: skip
+    job = JobConfig(steps=steps, planner_optim={"lr": lr, "ppo_epochs": ppo_epochs},
+                    subagent_optim={"lr": lr, "ppo_epochs": ppo_epochs})  # fmt: skip
     warm = warmstart_with_progress(warmstart_config(job), cache_dir, console)
     cluster = LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())})
     console.print(
@@ -85,13 +86,23 @@ def run_demo(
     rows = _rows(records)
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     latest = {c["role"]: c["checkpoint"] for c in checkpoints}
-    console.print("[dim]evaluating the trained models on the warm start's held-out questions …[/]")
-    task = job_task(job)
-    after = evaluate_system(task, load(latest["planner"]), load(latest["subagent"]), warmstart_config(job))
-    result = {"job_id": job_id, "before": warm.metrics, "after": after, "checkpoints": latest}
+    console.print(
+        f"[dim]evaluating the warm start and the trained models on the same {eval_questions} held-out questions …[/]"
+    )
+    task, ws = job_task(job), warmstart_config(job)
+    grid = {"stages": (2,), "temperatures": (1.0,), "n_questions": eval_questions}
+    before = evaluate_system(task, load(warm.planner_path), load(warm.subagent_path), ws, **grid)
+    after = evaluate_system(task, load(latest["planner"]), load(latest["subagent"]), ws, **grid)
+    result = {
+        "job_id": job_id,
+        "questions": eval_questions,
+        "before": before,
+        "after": after,
+        "checkpoints": latest,
+    }
     (out / "eval.json").write_text(json.dumps(result, indent=2))
-    _plot(rows, warm.metrics, after, out / "rewards.png")
-    _summary(warm.metrics, after, console)
+    _plot(rows, before, after, eval_questions, out / "rewards.png")
+    _summary(before, after, eval_questions, console)
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints: {latest['planner']} and {latest['subagent']}"
     )
@@ -158,6 +169,7 @@ def _plot(
     rows: list[dict[str, Any]],
     before: dict[str, dict[str, float]],
     after: dict[str, dict[str, float]],
+    n: int,
     path: Path,
 ) -> None:
     import matplotlib
@@ -175,30 +187,39 @@ def _plot(
     ax.legend(loc="lower right", fontsize=8)
     names = ["warm start", "after M-GRPO", "majority"]
     vals = [before[HEADLINE]["success"], after[HEADLINE]["success"], after[HEADLINE]["majority_baseline"]]
-    bx.bar(names, vals, color=["#999", "#2a7", "#ccc"])
+    errs = [standard_error(vals[0], n), standard_error(vals[1], n), 0.0]
+    bx.bar(names, vals, yerr=errs, capsize=4, color=["#999", "#2a7", "#ccc"])
     bx.set_ylim(0, 1)
-    bx.set_title("held-out stage 2, T=1: success")
+    bx.set_title(f"held-out stage 2, T=1 (n={n}): success")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def standard_error(p: float, n: int) -> float:
+    """Binomial standard error of a success rate p measured on n questions."""
+    return math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))
+
+
 def _summary(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], console: Console
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], n: int, console: Console
 ) -> None:
     table = Table(
-        "held-out",
         "metric",
         "warm start",
         "after M-GRPO",
-        title="held-out questions (people never trained on)",
+        title=f"held-out stage-2 questions (n = {n}, people never trained on), T = 1",
     )
-    for name in sorted(after):
-        for metric in (
-            "success",
-            "majority_baseline",
-            "planner_first_delegation_gold",
-            "subagent_first_search_right_entity",
-        ):
-            table.add_row(name, metric, f"{before[name][metric]:.2f}", f"{after[name][metric]:.2f}")
+    b, a = before[HEADLINE], after[HEADLINE]
+    table.add_row("success", f"{b['success']:.3f} ± {standard_error(b['success'], n):.3f}",
+                  f"{a['success']:.3f} ± {standard_error(a['success'], n):.3f}")  # fmt: skip
+    for metric in ("majority_baseline", "planner_first_delegation_gold", "subagent_first_search_right_entity",
+                   "subagent_fact_found"):  # fmt: skip
+        table.add_row(metric, f"{b[metric]:.3f}", f"{a[metric]:.3f}")
     console.print(table)
+    gain = a["success"] - b["success"]
+    se = math.hypot(standard_error(a["success"], n), standard_error(b["success"], n))
+    console.print(
+        f"held-out success {b['success']:.3f} → {a['success']:.3f}: {gain:+.3f} ± {se:.3f} "
+        f"({gain / se if se else 0:+.1f} standard errors); majority-answer baseline {a['majority_baseline']:.3f}"
+    )

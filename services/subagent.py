@@ -3,7 +3,9 @@ records each in Redis, and trains on every step's aligned batch in its job worke
 
 from __future__ import annotations
 
-from fastapi import FastAPI, HTTPException, Request, status
+import time
+
+from fastapi import FastAPI, HTTPException, Request, Response, status
 
 from mgrpo.config import JobConfig
 from services.api import EpisodeRequest, EpisodeResponse
@@ -65,10 +67,14 @@ def _job(request: Request, job_id: str | None = None) -> SubagentJob:
 
 
 @app.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[AuthDep], tags=["sub-agent"])
-def run_episode(body: EpisodeRequest, request: Request) -> EpisodeResponse:
-    """Run one delegated subtask with the current policy and record the episode in Redis."""
+def run_episode(body: EpisodeRequest, request: Request, response: Response) -> EpisodeResponse:
+    """Run one delegated subtask with the current policy and record the episode in Redis. The
+    `Server-Timing` header reports the handler's time (`episode`) and its Redis write (`store`), in ms."""
+    t0 = time.perf_counter()
     job = _job(request, body.job_id)
-    meta = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
+    meta, store_s = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
+    total_ms = (time.perf_counter() - t0) * 1e3
+    response.headers["Server-Timing"] = f"episode;dur={total_ms:.3f}, store;dur={store_s * 1e3:.3f}"
     return EpisodeResponse(episode_id=meta.episode_id, result=meta.result, format_ok=meta.format_ok,
                            expert_score=meta.expert_score, policy_version=meta.policy_version, n_tokens=meta.n_tokens)  # fmt: skip
 

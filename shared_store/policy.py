@@ -51,7 +51,7 @@ class PolicyRegistry:
                     f"(latest: {have}); is the {role} service running?"
                 )
             time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, 0.5)
+            poll_s = min(poll_s * 1.5, 0.05)  # a GET every 50 ms is nothing for Redis; waits end promptly
 
 
 class Progress:

@@ -4,7 +4,8 @@ training step that consumes the planner's per-step statistics.
 Step s (phases timed under these names): `align` (per query, each rollout's episodes aligned to D
 slots, SPEC §4) → `reward` (R_S = format gate + β·(1, correct_main, expert), SPEC §3) → `adv`
 (pooled over the query's K·D samples, SPEC §5) → `update` (clipped PPO, SPEC §6; skipped in
-main_only) → `publish` (manifest, statistics, policy version) → `checkpoint`.
+main_only) → manifest and statistics to Redis → `checkpoint` → policy version. `exchange_redis` is
+the Redis time of the step (episode fetch, manifest, statistics, version).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_chec
 from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load
-from mgrpo.runtime import job_task, load_role_model
+from mgrpo.runtime import job_task, load_role_model, reference_model
 from mgrpo.training import UpdateSettings, ppo_update
 from shared_store import EpisodeArrays, Store
 from shared_store.schemas import (
@@ -57,18 +58,22 @@ class SubagentJob:
         if resume:
             restore_trainer_state(resume, self.optimizer)
         self.version = resume.version if resume else 0
+        self._fetch_s = 0.0
         self.engine = HFEngine(self.model, self.tokenizer)
         spec = cfg.subagent
         self.agent = SubAgent(self.engine, self.tokenizer, self.task.call_tool, temperature=spec.temperature,
                               limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
         o = cfg.subagent_optim
-        self.update_settings = UpdateSettings(o.ppo_epochs, o.minibatch_size, o.clip_low, o.clip_high, o.loss_agg,
-                                              o.max_grad_norm, spec.temperature)  # fmt: skip
+        self.update_settings = UpdateSettings.of(o, spec.temperature)
+        self.ref_model = reference_model(cfg, "subagent", cache_dir)
         store.policies.publish(PolicyVersion(job_id=job_id, role="subagent", version=self.version, step=last))
 
     # ---- serving ------------------------------------------------------------------------------------
-    def run_episode(self, step: int, query_id: str, rollout: int, call: int, subtask: str) -> EpisodeMeta:
-        """Run one delegated subtask with the current policy and record it (arrays + meta) in Redis."""
+    def run_episode(
+        self, step: int, query_id: str, rollout: int, call: int, subtask: str
+    ) -> tuple[EpisodeMeta, float]:
+        """Run one delegated subtask with the current policy and record it (arrays + meta) in Redis.
+        Returns the episode's metadata and the seconds the Redis write took."""
         version = self.version
         tr = self.agent.run(subtask)
         expert = self.task.judge(subtask, tr.final or "") if tr.format_ok else 0.0
@@ -78,7 +83,9 @@ class SubagentJob:
             expert_score=None if math.isnan(expert) else expert, finish_reason=tr.finish, subtask=subtask,
             result=tr.final if tr.format_ok and tr.final else "no result",
         )  # fmt: skip
-        return self.store.episodes.put(meta, EpisodeArrays.of(tr.token_ids, tr.logp, tr.mask))
+        t0 = time.perf_counter()
+        meta = self.store.episodes.put(meta, EpisodeArrays.of(tr.token_ids, tr.logp, tr.mask))
+        return meta, time.perf_counter() - t0
 
     # ---- training -----------------------------------------------------------------------------------
     def train_step(self, stats: PlannerStepStats) -> int:
@@ -96,13 +103,15 @@ class SubagentJob:
         if self.cfg.mode == "co_train" and samples:
             with self.engine.paused():
                 metrics = ppo_update(self.model, self.optimizer, list(zip(samples, adv.tolist(), strict=True)),
-                                     self.update_settings, pad_id=int(self.tokenizer.pad_token_id), seed=stats.step)  # fmt: skip
+                                     self.update_settings, pad_id=int(self.tokenizer.pad_token_id), seed=stats.step,
+                                     ref_model=self.ref_model)  # fmt: skip
             self.version += 1
         t_update = time.perf_counter()
         self._publish(stats.step, manifest_queries, adv.tolist(), query_stats, empty)
-        ckpt = save_checkpoint(
-            self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=stats.step, version=self.version
-        )
+        t_pub = time.perf_counter()
+        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=stats.step,
+                               version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
+        t_ckpt = time.perf_counter()
         self.store.policies.publish(PolicyVersion(job_id=self.job_id, role="subagent", version=self.version,
                                                   step=stats.step, checkpoint=str(ckpt.path)))  # fmt: skip
         t_end = time.perf_counter()
@@ -113,7 +122,9 @@ class SubagentJob:
             "subagent/adv_std": float(adv.std()) if len(adv) > 1 else 0.0, "subagent/samples": float(len(samples)),
             "subagent/queries_without_episodes": float(empty), "subagent/version": float(self.version),
             "timing/subagent_align": t_align - t0, "timing/subagent_adv": t_adv - t_align,
-            "timing/subagent_update": t_update - t_adv, "timing/subagent_publish_checkpoint": t_end - t_update,
+            "timing/subagent_update": t_update - t_adv, "timing/subagent_checkpoint": t_ckpt - t_pub,
+            "timing/subagent_exchange_redis": self._fetch_s + (t_pub - t_update) + (t_end - t_ckpt),
+            "timing/subagent_step": t_end - t0,
         }  # fmt: skip
         self._emit(stats.step, values, ckpt.path)
         self.store.progress.advance(self.job_id, "subagent", stats.step)
@@ -127,17 +138,20 @@ class SubagentJob:
         manifest: list[AlignedQuery] = []
         qstats: list[SubagentQueryStats] = []
         empty = 0
+        self._fetch_s = 0.0  # Redis time fetching this step's episodes
         for gi, q in enumerate(stats.queries):
             slots = align_episodes([len(r.episode_ids) for r in q.rollouts], self.cfg.subagent_slots_per_rollout,
-                                   seed=alignment_seed(self.cfg.seed, stats.step, q.query_id), mode=self.cfg.alignment)  # fmt: skip
+                                   seed=alignment_seed(self.cfg.seed, stats.step, f"{q.query_id}@run{self.cfg.run_seed}"), mode=self.cfg.alignment)  # fmt: skip
             ids = [[q.rollouts[k].episode_ids[i] for k, i in rs] for rs in slots]
             flat = [e for rs in ids for e in rs]
             if not flat:
                 empty += 1
                 continue
+            t_fetch = time.perf_counter()
             fetched = dict(
                 zip(flat, self.store.episodes.get_many(self.job_id, stats.step, flat), strict=True)
             )
+            self._fetch_s += time.perf_counter() - t_fetch
             first = len(rewards)
             for rs in slots:
                 for k, i in rs:

@@ -32,6 +32,7 @@ class Delegation:
     subtask: str
     result: str
     episode_id: str | None = None
+    exchange_s: float = 0.0  # time this delegation spent in HTTP and Redis, not in the sub-agent's model
 
 
 @dataclass

@@ -51,3 +51,37 @@ def test_one_update_moves_probability_towards_positive_advantages(tokenizer, sma
     assert metrics["approx_kl"] < 1e-6  # the first minibatch is exactly on-policy: logp_old matches
     for a, b0, b1 in zip(adv, before, after, strict=True):
         assert (b1 - b0) * a > 0, (adv, before, after)
+
+
+def test_kl_penalty_needs_a_reference_and_pulls_towards_it(tokenizer, small_task):
+    """β > 0 without a reference model is refused; with one, kl_ref is reported (0 on the first
+    minibatch: the policy still equals its reference) and a large β keeps the update closer to it."""
+    import copy
+
+    import pytest
+
+    prompts = [tokenizer.encode(d.text, add_special_tokens=False)[:8] for d in small_task.world.docs[:4]]
+    base = build_model("tiny", tokenizer, seed=3)
+    trs = sampled_transcripts(base, tokenizer, prompts)
+    samples = list(zip(trs, [1.0, -1.0, 1.0, -1.0], strict=True))
+    with pytest.raises(ValueError, match="ref_model"):
+        ppo_update(base, torch.optim.AdamW(base.parameters()), samples, UpdateSettings(kl_coef=0.1), pad_id=0)
+
+    def drift(kl_coef):
+        model, ref = copy.deepcopy(base), copy.deepcopy(base).requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        first = None
+        for i in range(6):
+            m = ppo_update(model, opt, samples, UpdateSettings(minibatch_size=4, kl_coef=kl_coef),
+                           pad_id=tokenizer.pad_token_id, seed=i, ref_model=ref)  # fmt: skip
+            first = m["kl_ref"] if first is None else first
+        b = collate(trs, tokenizer.pad_token_id)
+        with torch.no_grad():
+            new = token_logprobs(model, b.input_ids, b.attention_mask)
+            old = token_logprobs(ref, b.input_ids, b.attention_mask)
+        return first, float(((new - old).abs() * b.loss_mask).sum() / b.loss_mask.sum())
+
+    first, free = drift(0.0)
+    assert first == 0.0
+    _, anchored = drift(5.0)
+    assert anchored < free, (anchored, free)

@@ -122,9 +122,12 @@ def test_co_train_two_steps(cluster, store, warm):
         ("subagent", 1),
     ]
     metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
-    assert {"planner/reward_mean", "timing/rollout"} <= set(
-        next(m for m in metrics if m["role"] == "planner")["values"]
-    )
+    planner_values = next(m for m in metrics if m["role"] == "planner")["values"]
+    assert {"planner/reward_mean", "timing/rollout", "timing/exchange_redis"} <= set(planner_values)
+    # delegations measured their HTTP + Redis time from the sub-agent's Server-Timing header
+    assert 0 < planner_values["exchange/delegation_ms_mean"] < 1e3 * planner_values["timing/rollout"]
+    sub_values = next(m for m in metrics if m["role"] == "subagent")["values"]
+    assert sub_values["timing/subagent_exchange_redis"] > 0
     prom = httpx.get(f"{cluster.url('planner')}/metrics").text
     assert 'mgrpo_http_requests_total{code="200",path="/readyz",role="planner"}' in prom
     ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]

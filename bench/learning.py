@@ -1,0 +1,212 @@
+"""Learning comparison (issue 7; M-GRPO paper §5 at small scale), through the real services.
+
+    .venv/bin/python bench/learning.py                 # 4 arms × 3 seeds (about 2 hours on 2 cores)
+    .venv/bin/python bench/learning.py --quick         # 4 arms × 1 seed, short runs (about 15 minutes)
+    .venv/bin/python bench/learning.py --arms co_train --seeds 0 --set planner_optim.lr=1e-4
+
+Every run starts from the same cached warm start and trains on stage-2 training-split questions as a
+job on a local cluster (embedded Redis, controller, planner and sub-agent services as processes);
+`run_seed` varies the run (question order, alignment draws, sampling), not the world. Checkpoints
+every `--eval-every` steps are then evaluated on the same held-out stage-2 questions at temperature 1
+and greedy, next to the majority-answer baseline and a process metric (planner: first delegation is
+the gold subtask; single agent: first search names the right person). Writes `results.json`,
+`curves.png` and `table.md` into `--out`.
+
+Arms: co_train (M-GRPO), main_only (sub-agent frozen), single_agent (one model, all tools),
+co_train_no_align (co_train with `alignment: none`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from mgrpo.config import JobConfig
+from mgrpo.models import load
+from mgrpo.runtime import job_task, warmstart_config
+from mgrpo.warmstart import cached_warmstart, evaluate_single_model, evaluate_system
+from services.demo import run_train
+
+ARMS: dict[str, dict[str, Any]] = {
+    "co_train": {"mode": "co_train"},
+    "main_only": {"mode": "main_only"},
+    "single_agent": {"mode": "single_agent"},
+    "co_train_no_align": {"mode": "co_train", "alignment": "none"},
+}
+CELLS = ("heldout_stage2_T1", "heldout_stage2_T0")
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`a.b=value` pairs (values parsed as YAML) into a nested dict of job-config overrides."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
+    base = yaml.safe_load(Path(args.job).read_text()) if args.job else {}
+    cfg = merge(merge(base, ARMS[arm]), parse_sets(args.set))
+    cfg.update(steps=args.steps, run_seed=seed, checkpoint_keep_every_steps=args.eval_every)
+    return JobConfig.model_validate(cfg)
+
+
+def evaluate_checkpoint(job: JobConfig, planner: Path, subagent: Path | None, n: int) -> dict[str, Any]:
+    task, ws = job_task(job), warmstart_config(job)
+    grid = {"stages": (2,), "n_questions": n}
+    if subagent is None:
+        return evaluate_single_model(task, load(planner), ws, **grid)
+    return evaluate_system(task, load(planner), load(subagent), ws, **grid)
+
+
+def run_one(
+    arm: str, seed: int, args: argparse.Namespace, start: dict[str, Any], console: Console
+) -> dict[str, Any]:
+    job = job_for(arm, seed, args)
+    out = args.out / "runs" / f"{arm}-seed{seed}"
+    t0 = time.perf_counter()
+    final = run_train(job, out, redis_url=args.redis_url, cache_dir=args.cache_dir, console=console)
+    train_s = time.perf_counter() - t0
+    if final["status"] != "succeeded":
+        raise RuntimeError(f"{arm} seed {seed}: job {final['status']}: {final['reason']}")
+    root = out / "checkpoints" / "planner" / final["job_id"] / "planner"
+    sub_root = out / "checkpoints" / "subagent" / final["job_id"] / "subagent"
+    curve = [{"updates": 0, **start}]
+    for step in range(args.eval_every - 1, args.steps, args.eval_every):
+        name = f"step-{step:06d}"
+        sub = None if job.mode == "single_agent" else sub_root / name
+        curve.append({"updates": step + 1, **evaluate_checkpoint(job, root / name, sub, args.eval_questions)})
+        console.print(f"  {arm} seed {seed} after {step + 1} steps: {_cell_line(curve[-1])}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"arm": arm, "seed": seed, "job": job.model_dump(mode="json"), "train_s": train_s, "curve": curve,
+            "train_success": [r.get("planner/success") for r in rows]}  # fmt: skip
+
+
+def _cell_line(point: dict[str, Any]) -> str:
+    return "  ".join(f"{c[-2:]} {point[c]['success']:.3f}" for c in CELLS if c in point)
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    table = []
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == arm]
+        row: dict[str, Any] = {"arm": arm, "seeds": len(mine)}
+        for cell in CELLS:
+            start = mine[0]["curve"][0][cell]["success"]
+            final = [r["curve"][-1][cell]["success"] for r in mine]
+            row[cell] = {"start": start, "final_mean": statistics.fmean(final),
+                         "final_std": statistics.stdev(final) if len(final) > 1 else 0.0, "final": final}  # fmt: skip
+        row["majority_baseline"] = mine[0]["curve"][0][CELLS[0]]["majority_baseline"]
+        table.append(row)
+    return table
+
+
+def write_table(table: list[dict[str, Any]], path: Path) -> None:
+    lines = ["| arm | seeds | held-out T=1: start → final (mean ± sd) | greedy: start → final | majority |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for r in table:
+        t1, t0 = r[CELLS[0]], r[CELLS[1]]
+        lines.append(f"| {r['arm']} | {r['seeds']} | {t1['start']:.3f} → {t1['final_mean']:.3f} ± {t1['final_std']:.3f} "
+                     f"| {t0['start']:.3f} → {t0['final_mean']:.3f} ± {t0['final_std']:.3f} | {r['majority_baseline']:.3f} |")  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == arm]
+        xs = [p["updates"] for p in mine[0]["curve"]]
+        for ax, cell, metric in ((axes[0], CELLS[0], "success"), (axes[1], CELLS[1], "success"),
+                                 (axes[2], CELLS[0], None)):  # fmt: skip
+            key = metric or (
+                "first_search_right_entity" if arm == "single_agent" else "planner_first_delegation_gold"
+            )
+            ys = [[r["curve"][i][cell][key] for r in mine] for i in range(len(xs))]
+            mean = [statistics.fmean(y) for y in ys]
+            (line,) = ax.plot(xs, mean, marker=".", label=arm)
+            ax.fill_between(
+                xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15
+            )
+    base = runs[0]["curve"][0][CELLS[0]]["majority_baseline"]
+    titles = ("held-out stage 2, T=1: success", "held-out stage 2, greedy: success",
+              "process: first call names the right entity (T=1)")  # fmt: skip
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training steps")
+        ax.set_ylim(0, 1)
+    for ax in axes[:2]:
+        ax.axhline(base, color="#999", ls="--", lw=1, label="majority answer")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 seed, 8 steps, 100 questions: about 15 minutes")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-questions", type=int, default=200)
+    ap.add_argument("--job", help="YAML job config the arms start from (default: JobConfig defaults)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job-config override")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/learning"))
+    ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
+    ap.add_argument("--redis-url", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.steps, args.eval_every, args.eval_questions = args.seeds[:1], 8, 4, 100
+    args.out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    starts: dict[bool, dict[str, Any]] = {}
+    runs = []
+    for seed in args.seeds:  # seed-major: a study cut short still has every arm of its first seeds
+        for arm in args.arms:
+            job = job_for(arm, seed, args)
+            single = job.mode == "single_agent"
+            if single not in starts:  # the warm start's own numbers on the same questions
+                ws = cached_warmstart(warmstart_config(job), args.cache_dir, single_agent=single)
+                starts[single] = evaluate_checkpoint(job, ws.planner_path, None if single else ws.subagent_path,
+                                                     args.eval_questions)  # fmt: skip
+                console.print(
+                    f"warm start ({'single agent' if single else 'planner + sub-agent'}): {_cell_line(starts[single])}"
+                )
+            runs.append(run_one(arm, seed, args, starts[single], console))
+            (args.out / "results.json").write_text(
+                json.dumps({"runs": runs, "table": summarise(runs)}, indent=1)
+            )
+    table = summarise(runs)
+    write_table(table, args.out / "table.md")
+    plot(runs, args.out / "curves.png")
+    console.print((args.out / "table.md").read_text())
+    console.print(f"wrote {args.out}/results.json, table.md, curves.png")
+
+
+if __name__ == "__main__":
+    main()

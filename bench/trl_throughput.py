@@ -1,0 +1,150 @@
+"""Throughput against TRL (issue 7): single-agent GRPO samples/s of this system, through its services
+and Redis, against TRL's `GRPOTrainer` (use_vllm off) on the same work, in one run.
+
+    .venv/bin/pip install -e '.[dev,bench]'          # TRL is installed only for this benchmark
+    .venv/bin/python bench/trl_throughput.py [--steps 8] [--repeats 2] [--preset tiny]
+
+Same work on both sides: the same untrained preset model and tokenizer (random weights, so every
+episode is one turn and both sides generate the same token distribution), the same prompts (stage-2
+training questions, in our prompt format), the same group size G and prompts per step, at most
+`--max-new-tokens` per sample, the same stop tokens (our single agent's closing tags and EOS, passed
+to TRL as `eos_token_id`), temperature 1, top-p 1, top-k off, the same optimizer (AdamW, lr 1e-4, no
+weight decay, grad clip 1.0, one optimizer step per generation batch), the same loss (clipped,
+ε = 0.2 / 0.28, sequence-mean of token-means = TRL's `loss_type="grpo"`, β = 0). Ours runs as a
+`single_agent` job on a local cluster (embedded Redis, controller, planner service: rollouts,
+rewards, statistics to Redis, update, checkpoint, ledger every step); TRL runs in this process.
+Step time is measured per step and the first step (start-up, compilation of kernels) is dropped;
+the runs alternate ours/TRL `--repeats` times and the median step time of each side is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from mgrpo.agents.agents import _stop_ids, planner_prompt
+from mgrpo.agents.format import SINGLE_STOPS
+from mgrpo.config import JobConfig
+from mgrpo.runtime import job_task, warmstart_config
+from mgrpo.tasks.deep_research import make_questions
+from mgrpo.warmstart import cached_warmstart
+from services.demo import run_train
+
+
+def job_for(args: argparse.Namespace) -> JobConfig:
+    return JobConfig.model_validate({
+        "mode": "single_agent", "warmstart_steps": 0, "steps": args.steps, "stage": 2,
+        "prompts_per_step": args.prompts, "rollouts_per_query": args.group,
+        "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
+        "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1},
+    })  # fmt: skip
+
+
+def run_ours(job: JobConfig, out: Path, cache_dir: Path, console: Console) -> dict[str, Any]:
+    final = run_train(job, out, redis_url=None, cache_dir=cache_dir, console=console)
+    if final["status"] != "succeeded":
+        raise RuntimeError(f"our job {final['status']}: {final['reason']}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["timing/step"] for r in rows[1:]]
+    tokens = [r["planner/tokens"] for r in rows[1:]]
+    phases = {k: statistics.fmean(r[k] for r in rows[1:]) for k in rows[1] if k.startswith("timing/")}
+    return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens), "phases_s": phases}
+
+
+def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = PreTrainedTokenizerFast.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    task = job_task(job)
+    n = job.prompts_per_step * job.steps
+    prompts = [
+        tok.decode(planner_prompt(tok, q.text)) for q in make_questions(task.world, "train", 2, n, seed=7)
+    ]
+    stops = [int(tok.eos_token_id), *_stop_ids(tok, SINGLE_STOPS)]
+    stamps: list[float] = []
+    tokens: list[int] = []
+
+    class Clock(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            stamps.append(time.perf_counter())
+
+    def reward(
+        prompts: list[str], completions: list[str], completion_ids: list[list[int]], **_: Any
+    ) -> list[float]:
+        tokens.append(sum(len(c) for c in completion_ids))
+        return [0.0 for _ in completions]  # our single agent scores 0 too: random weights never answer
+
+    G = job.rollouts_per_query
+    config = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=job.prompts_per_step * G, gradient_accumulation_steps=1,
+        num_generations=G, max_completion_length=job.planner.max_new_tokens_per_turn, max_steps=job.steps,
+        learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="grpo", num_iterations=1, temperature=1.0,
+        top_p=1.0, top_k=0, generation_kwargs={"eos_token_id": stops}, use_cpu=True, report_to=[],
+        bf16=False, gradient_checkpointing=False,  # TRL defaults both on; ours trains in fp32 without recompute
+        logging_steps=10_000, save_strategy="no", disable_tqdm=True, seed=job.run_seed, shuffle_dataset=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tok,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()])  # fmt: skip
+    torch.manual_seed(0)
+    stamps.append(time.perf_counter())
+    trainer.train()
+    steps = [b - a for a, b in itertools.pairwise(stamps[1:])]  # stamps[0] is the start: drop the first step
+    return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens[1:])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    ap.add_argument("--group", type=int, default=8, help="G: samples per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/trl"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    job = job_for(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "cache"
+        start = cached_warmstart(
+            warmstart_config(job), cache, single_agent=True
+        )  # 0 steps: the preset as built
+        results: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
+        for r in range(args.repeats):
+            results["ours"].append(run_ours(job, Path(tmp) / f"ours-{r}", cache, console))
+            results["trl"].append(run_trl(job, start.planner_path, cache, Path(tmp) / f"trl-{r}"))
+            console.print(f"repeat {r}: ours {statistics.median(results['ours'][-1]['step_s']):.2f} s/step, "
+                          f"TRL {statistics.median(results['trl'][-1]['step_s']):.2f} s/step")  # fmt: skip
+    samples = args.prompts * args.group
+    summary: dict[str, Any] = {"samples_per_step": samples, "steps": args.steps, "repeats": args.repeats,
+                               "preset": args.preset, "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    for side in ("ours", "trl"):
+        step = statistics.median([s for run in results[side] for s in run["step_s"]])
+        toks = statistics.fmean(run["generated_tokens_per_step"] for run in results[side])
+        summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
+                         "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
+    summary["ours"]["phases_s"] = results["ours"][-1]["phases_s"]
+    summary["samples_per_s_ratio"] = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+    summary["generated_tokens_per_s_ratio"] = (
+        summary["ours"]["generated_tokens_per_s"] / summary["trl"]["generated_tokens_per_s"]
+    )
+    (args.out / "results.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,11 @@ class TokenBatch:
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        return TokenBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.loss_mask, self.logp_old))
+        )
+
 
 def collate(transcripts: Sequence[Transcript], pad_id: int) -> TokenBatch:
     """Pad token ids / masks / logp of transcripts into one batch (right padding)."""

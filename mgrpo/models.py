@@ -102,6 +102,12 @@ def load(path_or_name: str | Path, **kwargs: Any) -> tuple[PreTrainedModel, PreT
     return cast(PreTrainedModel, model), cast(PreTrainedTokenizerFast, tokenizer)
 
 
+def place(model: PreTrainedModel, device: torch.device | str) -> PreTrainedModel:
+    """Move a model to `device` in place and return it (typed: transformers' own `.to` is not)."""
+    torch.nn.Module.to(model, device)
+    return model
+
+
 def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -6,14 +6,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.config import JobConfig
-from mgrpo.models import load
+from mgrpo.models import load, place
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
 
 RoleName = Literal["planner", "subagent", "single"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """`cpu`, `cuda`, `cuda:N` or `auto` → a torch device; a GPU that is not there is a clear error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} asked for, but torch sees no GPU; set MGRPO_DEVICE=cpu or auto")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"device {name!r} asked for, but torch sees {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def warmstart_config(job: JobConfig) -> WarmstartConfig:
@@ -39,11 +52,13 @@ def load_role_model(
     return load(result.subagent_path if role == "subagent" else result.planner_path)
 
 
-def reference_model(job: JobConfig, role: RoleName, cache_dir: Path) -> PreTrainedModel | None:
+def reference_model(
+    job: JobConfig, role: RoleName, cache_dir: Path, device: torch.device | str = "cpu"
+) -> PreTrainedModel | None:
     """The frozen starting model the KL penalty anchors to (None when the role's kl_coef is 0).
     A resumed trainer loads it again from the job's source, not from its checkpoint."""
     optim = job.subagent_optim if role == "subagent" else job.planner_optim
     if optim.kl_coef == 0:
         return None
     model, _ = load_role_model(job, role, cache_dir)
-    return model.eval().requires_grad_(False)
+    return place(model, device).eval().requires_grad_(False)

@@ -85,8 +85,8 @@ def _minibatch(
     pad_id: int,
     ref_model: PreTrainedModel | None,
 ) -> dict[str, float]:
-    batch = collate([t for t, _ in batch_samples], pad_id)
-    adv = torch.tensor([a for _, a in batch_samples], dtype=torch.float32)  # (B,)
+    batch = collate([t for t, _ in batch_samples], pad_id).to(model.device)
+    adv = torch.tensor([a for _, a in batch_samples], dtype=torch.float32, device=model.device)  # (B,)
     ref_logp = None
     if ref_model is not None:
         with torch.no_grad():

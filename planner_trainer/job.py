@@ -27,7 +27,7 @@ from mgrpo.algo import group_advantages, planner_reward
 from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_checkpoint
 from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
-from mgrpo.models import load
+from mgrpo.models import load, place
 from mgrpo.runtime import RoleName, job_task, load_role_model, reference_model
 from mgrpo.tasks.deep_research import Question, make_questions
 from mgrpo.training import UpdateSettings, ppo_update
@@ -48,7 +48,7 @@ from shared_store.streams import publish_metrics, publish_step
 
 class PlannerJob:
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 subagent: SubagentClient | None) -> None:  # fmt: skip
+                 subagent: SubagentClient | None, device: torch.device | str = "cpu") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.subagent = store, job_id, cfg, subagent
         self.single = cfg.mode == "single_agent"
         self.ckpt_root = checkpoint_dir / job_id / "planner"
@@ -57,7 +57,7 @@ class PlannerJob:
         resume = latest_checkpoint(self.ckpt_root, step=last) if last >= 0 else None
         role: RoleName = "single" if self.single else "planner"
         model, self.tokenizer = load(resume.path) if resume else load_role_model(cfg, role, cache_dir)
-        self.model = model.eval()
+        self.model = place(model, device).eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.planner_optim.lr, weight_decay=0.0)
         if resume:
             restore_trainer_state(resume, self.optimizer)
@@ -68,7 +68,7 @@ class PlannerJob:
         self.limits = AgentLimits(10 if self.single else 6, spec.max_context_tokens * (2 if self.single else 1),
                                   spec.max_new_tokens_per_turn)  # fmt: skip
         self.update_settings = UpdateSettings.of(o, spec.temperature)
-        self.ref_model = reference_model(cfg, role, cache_dir)
+        self.ref_model = reference_model(cfg, role, cache_dir, device)
         store.policies.publish(PolicyVersion(job_id=job_id, role="planner", version=self.version, step=last))
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:

@@ -98,6 +98,7 @@ class PolicyView(BaseModel):
     version: int
     step: int
     model: str
+    device: str = Field("none", description="Where the model lives (cpu, cuda:0, …).")
 
 
 class RolloutRequest(BaseModel):

@@ -45,7 +45,27 @@ def serve(
     }
     if role not in apps:
         raise fail(f"unknown role {role!r}: choose one of {', '.join(apps)}")
+    from pydantic import ValidationError
+
+    from mgrpo.runtime import resolve_device
+    from services.settings import get_settings
+
+    try:  # bad settings fail here, with their variable named, not inside uvicorn's start-up
+        settings = get_settings()
+        if role != "controller":
+            resolve_device(settings.device)
+    except ValidationError as exc:
+        raise fail(
+            "bad service setting: " + "; ".join(f"{_env_name(e['loc'])}: {e['msg']}" for e in exc.errors())
+        ) from None
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
     uvicorn.run(apps[role], host=host, port=port, log_level=log_level)
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    name = "_".join(map(str, loc))
+    return name if name.isupper() else f"MGRPO_{name.upper()}"  # REDIS_URL has no prefix
 
 
 local_app = typer.Typer(help="A local cluster: embedded Redis + the three services as separate processes.")

@@ -55,4 +55,5 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
             version=job.version,
             step=job.version - 1,
             model=type(job.model).__name__,
+            device=str(job.model.device),
         )

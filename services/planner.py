@@ -8,6 +8,7 @@ from fastapi import FastAPI, HTTPException, Request, status
 
 from mgrpo.agents.agents import Delegation, PlannerAgent
 from mgrpo.config import JobConfig
+from mgrpo.runtime import resolve_device
 from planner_trainer.delegate import SubagentClient
 from planner_trainer.job import PlannerJob
 from services.api import (
@@ -36,7 +37,13 @@ class PlannerRuntime:
             else SubagentClient(s.subagent_url, s.api_token, timeout_s=cfg.partner_timeout_s)
         )
         job = PlannerJob(
-            self.store, job_id, cfg, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir, subagent=client
+            self.store,
+            job_id,
+            cfg,
+            cache_dir=s.cache_dir,
+            checkpoint_dir=s.checkpoint_dir,
+            subagent=client,
+            device=resolve_device(s.device),
         )
         self.job = job
         try:

@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     run_worker: bool = Field(
         True, description="Take jobs from the dispatch stream (false: an API-only replica)."
     )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|auto|cuda(:\d+)?)$",
+        description="Where a trainer keeps its model, rolls out and trains: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU).",
+    )
 
 
 @lru_cache

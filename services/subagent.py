@@ -8,6 +8,7 @@ import time
 from fastapi import FastAPI, HTTPException, Request, Response, status
 
 from mgrpo.config import JobConfig
+from mgrpo.runtime import resolve_device
 from services.api import EpisodeRequest, EpisodeResponse
 from services.common import AuthDep, install_common
 from services.generate import add_policy_routes
@@ -30,7 +31,8 @@ class SubagentRuntime:
 
     def run_job(self, job_id: str, cfg: JobConfig) -> bool:
         s = self.settings
-        job = SubagentJob(self.store, job_id, cfg, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir)
+        job = SubagentJob(self.store, job_id, cfg, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
+                          device=resolve_device(s.device))  # fmt: skip
         self.job = job
         consumer = StreamConsumer(self.store.client, keys.stream(job_id, "planner_stats"), "subagent", s.consumer_name,
                                   PlannerStepStats, min_idle_ms=30_000)  # fmt: skip

@@ -23,7 +23,7 @@ from mgrpo.algo import align_episodes, alignment_seed, group_advantages, subagen
 from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_checkpoint
 from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
-from mgrpo.models import load
+from mgrpo.models import load, place
 from mgrpo.runtime import job_task, load_role_model, reference_model
 from mgrpo.training import UpdateSettings, ppo_update
 from shared_store import EpisodeArrays, Store
@@ -42,16 +42,15 @@ from shared_store.streams import publish_metrics, publish_step
 
 
 class SubagentJob:
-    def __init__(
-        self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path
-    ) -> None:
+    def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
+                 device: torch.device | str = "cpu") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg = store, job_id, cfg
         self.ckpt_root = checkpoint_dir / job_id / "subagent"
         self.task = job_task(cfg)
         last = store.ledger.last_step(job_id, "subagent")
         resume = latest_checkpoint(self.ckpt_root, step=last) if last >= 0 else None
         model, self.tokenizer = load(resume.path) if resume else load_role_model(cfg, "subagent", cache_dir)
-        self.model = model.eval()
+        self.model = place(model, device).eval()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.subagent_optim.lr, weight_decay=0.0
         )
@@ -65,7 +64,7 @@ class SubagentJob:
                               limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
         o = cfg.subagent_optim
         self.update_settings = UpdateSettings.of(o, spec.temperature)
-        self.ref_model = reference_model(cfg, "subagent", cache_dir)
+        self.ref_model = reference_model(cfg, "subagent", cache_dir, device)
         store.policies.publish(PolicyVersion(job_id=job_id, role="subagent", version=self.version, step=last))
 
     # ---- serving ------------------------------------------------------------------------------------

@@ -136,6 +136,8 @@ class HFEngine:
         for i, r in enumerate(reqs):  # left padding
             ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
             attn[i, width - len(r.prompt) :] = 1
+        dev = self.model.device
+        ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
         gens = [_generator(r.params.seed) for r in reqs]
         max_new = [r.params.max_new_tokens for r in reqs]
@@ -148,17 +150,18 @@ class HFEngine:
                                 use_cache=True, logits_to_keep=1).logits[:, -1].float()  # (B, V)  # fmt: skip
             self.forward_passes += 1
             next_ids, logps = _sample(logits, temp, top_p, gens)
+            toks, lps = next_ids.tolist(), logps.tolist()  # one device sync per step, not per row
             for i, r in enumerate(reqs):
                 if done[i]:
                     continue
-                tok = int(next_ids[i])
-                out[i].token_ids.append(tok)
-                out[i].logprobs.append(float(logps[i]))
+                out[i].token_ids.append(toks[i])
+                out[i].logprobs.append(lps[i])
+                tok = toks[i]
                 done[i] = self._finished(out[i], tok, r.params, t + 1 >= max_new[i])
             if all(done):
                 break
             step_ids = next_ids.unsqueeze(-1)  # (B, 1)
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long)], dim=-1)
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long, device=dev)], dim=-1)
             step_pos = step_pos[:, -1:] + 1
         for s in out:
             s.text = str(self.tokenizer.decode(s.token_ids, skip_special_tokens=False))
@@ -200,6 +203,6 @@ def _sample(
             keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
         cdf = probs.cumsum(-1)  # (B, V)
-        u = torch.stack([torch.rand((), generator=g) for g in gens]) * cdf[:, -1]  # (B,)
+        u = torch.stack([torch.rand((), generator=g) for g in gens]).to(cdf.device) * cdf[:, -1]  # (B,)
         ids = torch.searchsorted(cdf, u.unsqueeze(-1)).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     return ids, logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)

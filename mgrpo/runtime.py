@@ -10,6 +10,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.config import JobConfig
+from mgrpo.engines.base import RolloutEngine
+from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
@@ -41,15 +44,37 @@ def job_task(job: JobConfig) -> DeepResearchTask:
     return make_task(warmstart_config(job))
 
 
+def role_model_source(job: JobConfig, role: RoleName, cache_dir: Path) -> str:
+    """Where the role's starting model is: `path` when given, else the (cached) warm start of its preset."""
+    spec = job.subagent if role == "subagent" else job.planner
+    if spec.path is not None:
+        return spec.path
+    result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
+    return str(result.subagent_path if role == "subagent" else result.planner_path)
+
+
 def load_role_model(
     job: JobConfig, role: RoleName, cache_dir: Path
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """The role's starting model: `path` when given, else the (cached) warm start of its preset."""
-    spec = job.subagent if role == "subagent" else job.planner
-    if spec.path is not None:
-        return load(spec.path)
-    result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
-    return load(result.subagent_path if role == "subagent" else result.planner_path)
+    """The role's starting model (see `role_model_source`)."""
+    return load(role_model_source(job, role, cache_dir))
+
+
+def rollout_engine(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    sglang_url: str,
+    *,
+    weights: str,
+    max_batch: int = 64,
+) -> RolloutEngine:
+    """The trainer's rollout engine: the in-process `hf` engine on its own model, or, with
+    `sglang_url`, that SGLang server, first loaded with `weights` (a folder the server can read)."""
+    if not sglang_url:
+        return HFEngine(model, tokenizer, max_batch=max_batch)
+    engine = SGLangEngine(sglang_url, eos_token_id=tokenizer.eos_token_id)
+    engine.update_weights(weights)
+    return engine
 
 
 def reference_model(

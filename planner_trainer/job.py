@@ -26,9 +26,8 @@ from mgrpo.agents.loop import Transcript
 from mgrpo.algo import group_advantages, planner_reward
 from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_checkpoint
 from mgrpo.config import JobConfig
-from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load, place
-from mgrpo.runtime import RoleName, job_task, load_role_model, reference_model
+from mgrpo.runtime import RoleName, job_task, reference_model, role_model_source, rollout_engine
 from mgrpo.tasks.deep_research import Question, make_questions
 from mgrpo.training import UpdateSettings, ppo_update
 from planner_trainer.delegate import PartnerError, SubagentClient
@@ -48,7 +47,7 @@ from shared_store.streams import publish_metrics, publish_step
 
 class PlannerJob:
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 subagent: SubagentClient | None, device: torch.device | str = "cpu") -> None:  # fmt: skip
+                 subagent: SubagentClient | None, device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.subagent = store, job_id, cfg, subagent
         self.single = cfg.mode == "single_agent"
         self.ckpt_root = checkpoint_dir / job_id / "planner"
@@ -56,14 +55,15 @@ class PlannerJob:
         last = store.ledger.last_step(job_id, "planner")
         resume = latest_checkpoint(self.ckpt_root, step=last) if last >= 0 else None
         role: RoleName = "single" if self.single else "planner"
-        model, self.tokenizer = load(resume.path) if resume else load_role_model(cfg, role, cache_dir)
+        source = str(resume.path) if resume else role_model_source(cfg, role, cache_dir)
+        model, self.tokenizer = load(source)
         self.model = place(model, device).eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.planner_optim.lr, weight_decay=0.0)
         if resume:
             restore_trainer_state(resume, self.optimizer)
         self.start_step = last + 1
         self.version = resume.version if resume else 0
-        self.engine = HFEngine(self.model, self.tokenizer, max_batch=256)
+        self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source, max_batch=256)
         o, spec = cfg.planner_optim, cfg.planner
         self.limits = AgentLimits(10 if self.single else 6, spec.max_context_tokens * (2 if self.single else 1),
                                   spec.max_new_tokens_per_turn)  # fmt: skip
@@ -103,6 +103,8 @@ class PlannerJob:
         t_upd = time.perf_counter()
         ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=step,
                                version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
+        if not self.engine.shares_weights:  # an SGLang server: load the new policy before anyone samples it
+            self.engine.update_weights(str(ckpt.path))
         t_ckpt = time.perf_counter()
         self._commit(step, ckpt.path)
         t_end = time.perf_counter()

@@ -8,14 +8,13 @@ from typing import Any, Protocol
 from fastapi import FastAPI, HTTPException, Request, status
 from transformers import PreTrainedTokenizerBase
 
-from mgrpo.engines.base import SamplingParams
-from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.base import RolloutEngine, SamplingParams
 from services.api import GenerateRequest, GenerateResponse, PolicyView
 from services.common import AuthDep
 
 
 def generate_with(
-    engine: HFEngine, tokenizer: PreTrainedTokenizerBase, body: GenerateRequest, version: int
+    engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, body: GenerateRequest, version: int
 ) -> GenerateResponse:
     ids = list(tokenizer.encode(body.prompt, add_special_tokens=False))
     params = SamplingParams(body.max_new_tokens, body.temperature, body.top_p, seed=body.seed)
@@ -27,7 +26,7 @@ def generate_with(
 class _RunningJob(Protocol):
     job_id: str
     version: int
-    engine: HFEngine
+    engine: RolloutEngine
     tokenizer: PreTrainedTokenizerBase
     model: Any
 

@@ -27,6 +27,7 @@ class LocalCluster:
     redis_url: str | None = None
     api_token: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per role, over extra_env
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
@@ -57,6 +58,7 @@ class LocalCluster:
             "MGRPO_CONSUMER_NAME": f"local-{role}",
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
+            **self.role_env.get(role, {}),
         }
 
     def start_role(self, role: str) -> None:

@@ -44,6 +44,7 @@ class PlannerRuntime:
             checkpoint_dir=s.checkpoint_dir,
             subagent=client,
             device=resolve_device(s.device),
+            sglang_url=s.sglang_url,
         )
         self.job = job
         try:

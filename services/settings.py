@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     run_worker: bool = Field(
         True, description="Take jobs from the dispatch stream (false: an API-only replica)."
     )
+    sglang_url: str = Field(
+        "",
+        description="An SGLang server this trainer rolls out with (it must read the checkpoint volume: every new policy is pushed with update_weights_from_disk); '' = the in-process hf engine.",
+    )
     device: str = Field(
         "cpu",
         pattern=r"^(cpu|auto|cuda(:\d+)?)$",

@@ -32,7 +32,7 @@ class SubagentRuntime:
     def run_job(self, job_id: str, cfg: JobConfig) -> bool:
         s = self.settings
         job = SubagentJob(self.store, job_id, cfg, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
-                          device=resolve_device(s.device))  # fmt: skip
+                          device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
         self.job = job
         consumer = StreamConsumer(self.store.client, keys.stream(job_id, "planner_stats"), "subagent", s.consumer_name,
                                   PlannerStepStats, min_idle_ms=30_000)  # fmt: skip

@@ -22,9 +22,8 @@ from mgrpo.agents.loop import Transcript
 from mgrpo.algo import align_episodes, alignment_seed, group_advantages, subagent_reward
 from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_checkpoint
 from mgrpo.config import JobConfig
-from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load, place
-from mgrpo.runtime import job_task, load_role_model, reference_model
+from mgrpo.runtime import job_task, reference_model, role_model_source, rollout_engine
 from mgrpo.training import UpdateSettings, ppo_update
 from shared_store import EpisodeArrays, Store
 from shared_store.schemas import (
@@ -43,13 +42,14 @@ from shared_store.streams import publish_metrics, publish_step
 
 class SubagentJob:
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+                 device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg = store, job_id, cfg
         self.ckpt_root = checkpoint_dir / job_id / "subagent"
         self.task = job_task(cfg)
         last = store.ledger.last_step(job_id, "subagent")
         resume = latest_checkpoint(self.ckpt_root, step=last) if last >= 0 else None
-        model, self.tokenizer = load(resume.path) if resume else load_role_model(cfg, "subagent", cache_dir)
+        source = str(resume.path) if resume else role_model_source(cfg, "subagent", cache_dir)
+        model, self.tokenizer = load(source)
         self.model = place(model, device).eval()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.subagent_optim.lr, weight_decay=0.0
@@ -58,7 +58,7 @@ class SubagentJob:
             restore_trainer_state(resume, self.optimizer)
         self.version = resume.version if resume else 0
         self._fetch_s = 0.0
-        self.engine = HFEngine(self.model, self.tokenizer)
+        self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source)
         spec = cfg.subagent
         self.agent = SubAgent(self.engine, self.tokenizer, self.task.call_tool, temperature=spec.temperature,
                               limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
@@ -110,6 +110,8 @@ class SubagentJob:
         t_pub = time.perf_counter()
         ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=stats.step,
                                version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
+        if metrics and not self.engine.shares_weights:  # updated, and served by SGLang: push the weights
+            self.engine.update_weights(str(ckpt.path))
         t_ckpt = time.perf_counter()
         self.store.policies.publish(PolicyVersion(job_id=self.job_id, role="subagent", version=self.version,
                                                   step=stats.step, checkpoint=str(ckpt.path)))  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -45,10 +46,21 @@ class Sample:
 
 class RolloutEngine(Protocol):
     """Generate continuations of token-id prompts. Implementations are thread-safe: concurrent
-    callers are batched together."""
+    callers are batched together.
+
+    `shares_weights`: the engine samples from the trainer's own model object (the in-process `hf`
+    engine), so an update is live at once; otherwise (an SGLang server) the trainer pushes each new
+    checkpoint with `update_weights`. `paused()` holds generation while the trainer changes weights
+    the engine shares."""
+
+    shares_weights: bool
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]: ...
 
     def update_weights(self, path: str) -> None:
         """Load new policy weights from a saved HF checkpoint folder."""
         ...
+
+    def paused(self) -> AbstractContextManager[None]: ...
+
+    def close(self) -> None: ...

@@ -33,6 +33,8 @@ class _Request:
 
 
 class HFEngine:
+    shares_weights = True  # samples from the trainer's model object
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -12,6 +12,8 @@ it against a real SGLang server. SGLang itself is the optional `gpu` extra (it p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -24,6 +26,8 @@ class SGLangError(RuntimeError):
 
 
 class SGLangEngine:
+    shares_weights = False  # its own copy of the weights: the trainer pushes every checkpoint
+
     def __init__(self, base_url: str, *, timeout_s: float = 300.0, eos_token_id: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.eos_token_id = eos_token_id
@@ -85,6 +89,11 @@ class SGLangEngine:
         out = self._post("/update_weights_from_disk", {"model_path": path})
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangError(f"SGLang refused the weights at {path}: {out.get('message')}")
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing to hold: the server's weights change only through `update_weights`."""
+        yield
 
     def close(self) -> None:
         self._client.close()

@@ -15,7 +15,8 @@ from mgrpo.engines.hf import HFEngine
 from shared_store.embedded import free_port
 
 
-def make_app(engine: HFEngine) -> FastAPI:
+def make_app(engine: HFEngine, calls: dict[str, list[Any]]) -> FastAPI:
+    """`calls` records every request: calls["generate"] the prompt counts, calls["update"] the paths."""
     app = FastAPI()
 
     @app.post("/generate")
@@ -25,6 +26,7 @@ def make_app(engine: HFEngine) -> FastAPI:
             max_new_tokens=sp["max_new_tokens"], temperature=sp["temperature"], top_p=sp["top_p"],
             stop_token_ids=tuple(sp.get("stop_token_ids", ())), seed=sp.get("sampling_seed"),
         )  # fmt: skip
+        calls.setdefault("generate", []).append(len(body["input_ids"]))
         samples = engine.generate(body["input_ids"], params)
         return [
             {
@@ -43,6 +45,7 @@ def make_app(engine: HFEngine) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     def update(body: dict[str, Any]) -> Any:
+        calls.setdefault("update", []).append(body["model_path"])
         try:
             engine.update_weights(body["model_path"])
         except ValueError as exc:
@@ -55,7 +58,8 @@ def make_app(engine: HFEngine) -> FastAPI:
 class StandIn:
     def __init__(self, engine: HFEngine) -> None:
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(make_app(engine), port=self.port, log_level="warning"))
+        self.calls: dict[str, list[Any]] = {}
+        self.server = uvicorn.Server(uvicorn.Config(make_app(engine, self.calls), port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:

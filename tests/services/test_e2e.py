@@ -240,3 +240,37 @@ def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
         marks
     )  # every step exactly once
     assert job["policy_versions"] == {"planner": 5, "subagent": 5}
+
+
+def test_rollouts_through_sglang_servers(redis_url, tmp_path, warm):
+    """Both trainers roll out through an SGLang server (MGRPO_SGLANG_URL) and push every new policy
+    to it with `update_weights_from_disk`. The servers are stand-ins that speak SGLang's JSON, backed
+    by the `hf` engine on their own copy of the weights, since CI has no GPU to run SGLang on; the
+    real server is exercised by the `gpu`-marked test in tests/mgrpo/test_engine_sglang.py."""
+    from mgrpo.engines.hf import HFEngine
+    from mgrpo.models import load
+    from tests.mgrpo.sglang_standin import StandIn
+
+    engines = {role: HFEngine(*load(path)) for role, path in (("planner", warm.planner_path),
+                                                              ("subagent", warm.subagent_path))}  # fmt: skip
+    servers = {role: StandIn(e) for role, e in engines.items()}
+    try:
+        urls = {role: s.__enter__() for role, s in servers.items()}
+        c = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+                         role_env={r: {"MGRPO_SGLANG_URL": u} for r, u in urls.items()})  # fmt: skip
+        with c:
+            job_id = submit(c, SMALL)
+            job = wait(c, job_id)
+            assert job["status"] == "succeeded", job["reason"]
+            trained = {r: final_checkpoint(c, r, job_id) for r in ("planner", "subagent")}
+        for role, server in servers.items():
+            calls = server.calls
+            assert sum(calls["generate"]) > 0, role  # every rollout turn went through the server
+            # start-up loads the warm start, then each of the 2 steps pushes its checkpoint
+            assert len(calls["update"]) == 3 and calls["update"][-1] == str(trained[role]), (role, calls["update"])
+            served = engines[role].model.state_dict()
+            assert all(torch.equal(p, served[n]) for n, p in params_of(trained[role]).items() if n in served)
+    finally:
+        for role, server in servers.items():
+            server.__exit__()
+            engines[role].close()

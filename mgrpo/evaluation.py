@@ -9,6 +9,7 @@ names. A gain that only raw success shows is not a gain.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,12 +31,14 @@ class System:
     planner_engine: HFEngine
     subagent_engine: HFEngine
     temperature: float = 1.0
+    seed: int | None = None  # seeded sampling: the same models give the same episodes (paired comparisons)
     episodes: list[tuple[str, Transcript]] = field(default_factory=list)
 
     @classmethod
     def build(cls, task: DeepResearchTask, planner: tuple[PreTrainedModel, PreTrainedTokenizerBase],
-              subagent: tuple[PreTrainedModel, PreTrainedTokenizerBase], *, temperature: float = 1.0) -> System:  # fmt: skip
-        return cls(task, HFEngine(*planner), HFEngine(*subagent), temperature)
+              subagent: tuple[PreTrainedModel, PreTrainedTokenizerBase], *, temperature: float = 1.0,
+              seed: int | None = None) -> System:  # fmt: skip
+        return cls(task, HFEngine(*planner), HFEngine(*subagent), temperature, seed)
 
     def subagent(self) -> SubAgent:
         return SubAgent(self.subagent_engine, self.subagent_engine.tokenizer, self.task.call_tool,
@@ -45,7 +48,9 @@ class System:
         sub = self.subagent()
 
         def delegate(subtask: str) -> Delegation:
-            tr = sub.run(subtask)
+            tr = sub.run(
+                subtask, seed=None if self.seed is None else self.seed + zlib.crc32(subtask.encode())
+            )
             self.episodes.append((subtask, tr))
             return Delegation(subtask, tr.final if tr.format_ok and tr.final else "no result")
 
@@ -55,8 +60,9 @@ class System:
 
     def run(self, questions: Sequence[Question], *, concurrency: int = 64) -> list[PlannerRollout]:
         agent = self.planner()
+        seeds = [None if self.seed is None else self.seed + 7919 * i for i in range(len(questions))]
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            return list(pool.map(lambda q: agent.rollout(q.text), questions))
+            return list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions, seeds))
 
     def close(self) -> None:
         self.planner_engine.close()
@@ -98,13 +104,14 @@ def evaluate(system: System, questions: Sequence[Question], majority: dict[str, 
 
 def evaluate_single(
     engine: HFEngine, task: DeepResearchTask, questions: Sequence[Question], majority: dict[str, str],
-    *, temperature: float = 1.0, concurrency: int = 64,
+    *, temperature: float = 1.0, concurrency: int = 64, seed: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """The single-agent baseline on `questions`: success, format rate, majority baseline, and the
     process metric 'first tool call searches the question's first entity'."""
     agent = SingleAgent(engine, engine.tokenizer, task.call_tool, temperature=temperature)
+    seeds = [None if seed is None else seed + 7919 * i for i in range(len(questions))]
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        transcripts = list(pool.map(lambda q: agent.rollout(q.text), questions))
+        transcripts = list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions, seeds))
     correct = [
         task.correct(t.final or "", q.answer) if t.format_ok else 0.0
         for t, q in zip(transcripts, questions, strict=True)

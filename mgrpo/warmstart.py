@@ -31,6 +31,7 @@ from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answe
 from mgrpo.tasks.demos import planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
 
+EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
 DEMO_FORMAT_VERSION = 1  # bump when demonstrations change, so caches are rebuilt
 
 
@@ -133,7 +134,7 @@ def evaluate_system(
     `grid` narrows it: see `heldout_grid`), with baselines and process metrics."""
 
     def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
-        system = System.build(task, planner, subagent, temperature=temperature)
+        system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
         try:
             return evaluate(system, qs, majority)
         finally:
@@ -153,7 +154,7 @@ def evaluate_single_model(
     def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
         engine = HFEngine(*single)
         try:
-            return evaluate_single(engine, task, qs, majority, temperature=temperature)
+            return evaluate_single(engine, task, qs, majority, temperature=temperature, seed=EVAL_SEED)
         finally:
             engine.close()
 

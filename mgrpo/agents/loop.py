@@ -65,13 +65,14 @@ def run_agent(
     `act(action)` returns the observation ids to insert (mask 0) for a non-terminal action.
     """
     tr = Transcript.start(prompt_ids)
-    for _ in range(max_turns):
+    for turn in range(max_turns):
         budget = max_context_tokens - len(tr)
         if budget <= 0:
             tr.fail("max_context")
             return tr
+        seed = None if params.seed is None else params.seed + turn  # seeded episodes: a fresh draw per turn
         (sample,) = engine.generate(
-            [tr.token_ids], replace(params, max_new_tokens=min(params.max_new_tokens, budget))
+            [tr.token_ids], replace(params, max_new_tokens=min(params.max_new_tokens, budget), seed=seed)
         )
         tr.add(sample.token_ids, sample.logprobs, generated=True)
         if sample.finish_reason != "stop":

@@ -59,7 +59,9 @@ class StandIn:
     def __init__(self, engine: HFEngine) -> None:
         self.port = free_port()
         self.calls: dict[str, list[Any]] = {}
-        self.server = uvicorn.Server(uvicorn.Config(make_app(engine, self.calls), port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(make_app(engine, self.calls), port=self.port, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:

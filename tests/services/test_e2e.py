@@ -267,7 +267,10 @@ def test_rollouts_through_sglang_servers(redis_url, tmp_path, warm):
             calls = server.calls
             assert sum(calls["generate"]) > 0, role  # every rollout turn went through the server
             # start-up loads the warm start, then each of the 2 steps pushes its checkpoint
-            assert len(calls["update"]) == 3 and calls["update"][-1] == str(trained[role]), (role, calls["update"])
+            assert len(calls["update"]) == 3 and calls["update"][-1] == str(trained[role]), (
+                role,
+                calls["update"],
+            )
             served = engines[role].model.state_dict()
             assert all(torch.equal(p, served[n]) for n, p in params_of(trained[role]).items() if n in served)
     finally:

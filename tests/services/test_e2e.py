@@ -242,7 +242,7 @@ def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
     assert job["policy_versions"] == {"planner": 5, "subagent": 5}
 
 
-def test_rollouts_through_sglang_servers(redis_url, tmp_path, warm):
+def test_rollouts_through_sglang_servers(tmp_path, warm):
     """Both trainers roll out through an SGLang server (MGRPO_SGLANG_URL) and push every new policy
     to it with `update_weights_from_disk`. The servers are stand-ins that speak SGLang's JSON, backed
     by the `hf` engine on their own copy of the weights, since CI has no GPU to run SGLang on; the
@@ -256,7 +256,8 @@ def test_rollouts_through_sglang_servers(redis_url, tmp_path, warm):
     servers = {role: StandIn(e) for role, e in engines.items()}
     try:
         urls = {role: s.__enter__() for role, s in servers.items()}
-        c = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+        # its own embedded Redis: the module's cluster also takes jobs from the shared one's dispatch stream
+        c = LocalCluster(tmp_path, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
                          role_env={r: {"MGRPO_SGLANG_URL": u} for r, u in urls.items()})  # fmt: skip
         with c:
             job_id = submit(c, SMALL)

@@ -56,11 +56,11 @@ def tokenizer_and_model_on_cuda():
     return model.to("cuda"), tok
 
 
-def test_co_train_job_with_both_trainers_on_cuda(tmp_path, redis_url):
+def test_co_train_job_with_both_trainers_on_cuda(tmp_path):
     """A 2-step co_train job succeeds with MGRPO_DEVICE=cuda on both trainers; both report cuda."""
     cached_warmstart(warmstart_config(JobConfig()), CACHE)
     env = {"MGRPO_CACHE_DIR": str(CACHE), "MGRPO_DEVICE": "cuda"}
-    with LocalCluster(tmp_path, redis_url=redis_url, extra_env=env) as cluster:
+    with LocalCluster(tmp_path, extra_env=env) as cluster:  # its own embedded Redis
         job = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slots_per_rollout": 2}
         job_id = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=job, timeout=30).json()["job_id"]
         devices = set()

@@ -245,7 +245,7 @@ def warmstart(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(min=1, max=10_000, help="M-GRPO steps.")] = 30,
+    steps: Annotated[int, typer.Option(min=1, max=10_000, help="M-GRPO steps.")] = 20,
     run_dir: Annotated[Path | None, typer.Option(help="Run folder (default runs/demo-<time>).")] = None,
     redis_url: Annotated[
         str | None, typer.Option(envvar="REDIS_URL", help="Redis to use; embedded if unset.")
@@ -255,7 +255,7 @@ def demo(
     ppo_epochs: Annotated[int, typer.Option(min=1, max=16, help="Passes over each step's batch.")] = 1,
     eval_questions: Annotated[
         int, typer.Option(min=10, max=10_000, help="Held-out questions of the before/after evaluation.")
-    ] = 200,
+    ] = 400,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the three services as
     separate processes, one co_train job over REST with live progress, then held-out results."""

@@ -4,7 +4,7 @@
 2. a local cluster: embedded Redis (unless REDIS_URL) and the three services as separate processes;
 3. one `co_train` job submitted over REST, followed live (step, reward per role, timings);
 4. the warm start and the final checkpoints evaluated side by side on the same held-out stage-2
-   questions (200 by default), printed with standard errors next to the baselines; `metrics.jsonl`, `rewards.png`, `eval.json` and both checkpoints in the run folder.
+   questions (400 by default), printed with standard errors next to the baselines; `metrics.jsonl`, `rewards.png`, `eval.json` and both checkpoints in the run folder.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _plot(
     errs = [standard_error(vals[0], n), standard_error(vals[1], n), 0.0]
     bx.bar(names, vals, yerr=errs, capsize=4, color=["#999", "#2a7", "#ccc"])
     bx.set_ylim(0, 1)
-    bx.set_title(f"held-out stage 2, T=1 (n={n}): success")
+    bx.set_title(f"held-out success, stage 2, T=1, n={n}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -29,6 +29,8 @@ def test_demo_end_to_end_with_embedded_redis(tmp_path):
         "demo",
         "--steps",
         "1",
+        "--eval-questions",
+        "40",
         "--run-dir",
         "out",
         "--cache-dir",

@@ -23,6 +23,11 @@ from mgrpo.engines.hf import HFEngine
 from mgrpo.tasks.deep_research import _SUBTASK, DeepResearchTask, Question, gold_plan
 
 
+def question_seeds(seed: int | None, n: int) -> list[int | None]:
+    """One sampling seed per question of an evaluation (all None when unseeded)."""
+    return [None if seed is None else seed + 7919 * i for i in range(n)]
+
+
 @dataclass
 class System:
     """A planner and a sub-agent, each with its own model and engine, delegating in-process."""
@@ -60,9 +65,9 @@ class System:
 
     def run(self, questions: Sequence[Question], *, concurrency: int = 64) -> list[PlannerRollout]:
         agent = self.planner()
-        seeds = [None if self.seed is None else self.seed + 7919 * i for i in range(len(questions))]
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            return list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions, seeds))
+            return list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions,
+                                 question_seeds(self.seed, len(questions))))  # fmt: skip
 
     def close(self) -> None:
         self.planner_engine.close()
@@ -109,9 +114,9 @@ def evaluate_single(
     """The single-agent baseline on `questions`: success, format rate, majority baseline, and the
     process metric 'first tool call searches the question's first entity'."""
     agent = SingleAgent(engine, engine.tokenizer, task.call_tool, temperature=temperature)
-    seeds = [None if seed is None else seed + 7919 * i for i in range(len(questions))]
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        transcripts = list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions, seeds))
+        transcripts = list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions,
+                                    question_seeds(seed, len(questions))))  # fmt: skip
     correct = [
         task.correct(t.final or "", q.answer) if t.format_ok else 0.0
         for t, q in zip(transcripts, questions, strict=True)

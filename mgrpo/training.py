@@ -35,9 +35,8 @@ class UpdateSettings:
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
         """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
-        o = optim
-        return cls(o.ppo_epochs, o.minibatch_size, o.clip_low, o.clip_high, o.loss_agg, o.max_grad_norm,
-                   temperature, o.kl_coef)  # fmt: skip
+        return cls(optim.ppo_epochs, optim.minibatch_size, optim.clip_low, optim.clip_high, optim.loss_agg,
+                   optim.max_grad_norm, temperature, optim.kl_coef)  # fmt: skip
 
 
 def ppo_update(

@@ -98,11 +98,22 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
     )  # fmt: skip
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tok,
                           train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()])  # fmt: skip
+    gen_s: list[float] = []
+    generate = trainer._generate_and_score_completions  # generation (+ rewards): timed apart from the update
+
+    def timed_generate(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        out = generate(*a, **k)
+        gen_s.append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate_and_score_completions = timed_generate
     torch.manual_seed(0)
     stamps.append(time.perf_counter())
     trainer.train()
     steps = [b - a for a, b in itertools.pairwise(stamps[1:])]  # stamps[0] is the start: drop the first step
-    return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens[1:])}
+    return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens[1:]),
+            "generate_s": statistics.fmean(gen_s[1:])}  # fmt: skip
 
 
 def main() -> None:
@@ -138,6 +149,7 @@ def main() -> None:
         summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
                          "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
     summary["ours"]["phases_s"] = results["ours"][-1]["phases_s"]
+    summary["trl"]["generate_s"] = statistics.fmean(run["generate_s"] for run in results["trl"])
     summary["samples_per_s_ratio"] = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
     summary["generated_tokens_per_s_ratio"] = (
         summary["ours"]["generated_tokens_per_s"] / summary["trl"]["generated_tokens_per_s"]

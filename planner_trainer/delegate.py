@@ -56,7 +56,10 @@ class SubagentClient:
                     timing = server_timing(resp.headers.get("server-timing", ""))
                     model_s = (timing.get("episode", 0.0) - timing.get("store", 0.0)) / 1e3
                     exchange_s = max(time.perf_counter() - t0 - model_s, 0.0)
-                    return Delegation(body["subtask"], data["result"], data["episode_id"], exchange_s)
+                    queued_s = timing.get("queued", 0.0) / 1e3
+                    return Delegation(
+                        body["subtask"], data["result"], data["episode_id"], exchange_s, queued_s
+                    )
                 if resp.status_code not in (409, 503):  # 409: job not loaded yet; 503: not ready
                     raise PartnerError(
                         f"sub-agent service at {self.base_url} refused an episode: {resp.status_code} {resp.text[:200]}"

@@ -121,6 +121,7 @@ class PlannerJob:
             "timing/exchange_redis": (t_pub - t_rew) + (t_end - t_ckpt), "timing/step": t_end - t0,
             "timing/exchange_http_critical": max(exchange, default=0.0),
             "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for ds in delegations for d in ds] or [0.0])),
+            "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for ds in delegations for d in ds] or [0.0])),
         }  # fmt: skip
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", values=values)

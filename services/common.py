@@ -4,6 +4,7 @@ and error handlers that turn known errors into 4xx responses with an actionable 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.settings import Settings, get_settings
 from shared_store import Store, keys
@@ -49,6 +51,35 @@ def require_token(
 AuthDep = Depends(require_token)
 
 
+class _CountRequests:
+    """Counts requests by route and status, and stamps each request's arrival (`request.state.arrived_s`,
+    perf_counter seconds; the sub-agent reports the wait until its handler ran as `Server-Timing:
+    queued`). Pure ASGI: Starlette's `@app.middleware("http")` runs every request through an extra
+    task and memory streams, which the hot `/v1/episodes` path does not need."""
+
+    def __init__(self, app: ASGIApp, counter: Counter, role: str) -> None:
+        self.app, self.counter, self.role = app, counter, role
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})["arrived_s"] = time.perf_counter()
+        code = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal code
+            if message["type"] == "http.response.start":
+                code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")
+            self.counter.labels(self.role, getattr(route, "path", "unmatched"), str(code)).inc()
+
+
 class _TrainingMetrics(Collector):
     """The running job's latest per-step metrics of this role (`planner/reward_mean`, `timing/rollout`,
     …) as gauges `mgrpo_train{job_id, name}`, read from Redis at scrape time."""
@@ -77,12 +108,7 @@ def install_common(app: FastAPI, role: str) -> None:
     registry.register(_TrainingMetrics(app, role))
     app.state.prom_registry = registry
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):  # type: ignore[no-untyped-def]
-        response = await call_next(request)
-        route = request.scope.get("route")
-        requests.labels(role, getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
+    app.add_middleware(_CountRequests, counter=requests, role=role)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

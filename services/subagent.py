@@ -71,12 +71,17 @@ def _job(request: Request, job_id: str | None = None) -> SubagentJob:
 @app.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[AuthDep], tags=["sub-agent"])
 def run_episode(body: EpisodeRequest, request: Request, response: Response) -> EpisodeResponse:
     """Run one delegated subtask with the current policy and record the episode in Redis. The
-    `Server-Timing` header reports the handler's time (`episode`) and its Redis write (`store`), in ms."""
+    `Server-Timing` header reports, in ms, the handler's time (`episode`), its Redis write (`store`) and
+    how long the request waited between arriving and the handler starting (`queued`: parsing,
+    validation, a thread from the pool)."""
     t0 = time.perf_counter()
+    queued_ms = (t0 - getattr(request.state, "arrived_s", t0)) * 1e3
     job = _job(request, body.job_id)
     meta, store_s = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
     total_ms = (time.perf_counter() - t0) * 1e3
-    response.headers["Server-Timing"] = f"episode;dur={total_ms:.3f}, store;dur={store_s * 1e3:.3f}"
+    response.headers["Server-Timing"] = (
+        f"episode;dur={total_ms:.3f}, store;dur={store_s * 1e3:.3f}, queued;dur={queued_ms:.3f}"
+    )
     return EpisodeResponse(episode_id=meta.episode_id, result=meta.result, format_ok=meta.format_ok,
                            expert_score=meta.expert_score, policy_version=meta.policy_version, n_tokens=meta.n_tokens)  # fmt: skip
 

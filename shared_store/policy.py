@@ -11,6 +11,7 @@ from shared_store import keys
 from shared_store._text import as_str
 from shared_store.episodes import EpisodeStore
 from shared_store.schemas import PolicyVersion, decode, encode
+from shared_store.streams import trim_through_step
 
 # KEYS[1] progress hash; ARGV: role, step. Only ever moves forward.
 _ADVANCE = """
@@ -18,6 +19,10 @@ local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
 if tonumber(ARGV[2]) > cur then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return 1 end
 return 0
 """
+
+
+# The per-step streams (one message per step and role); `events` is the job's metrics log and stays.
+STEP_STREAMS: tuple[keys.StreamName, ...] = ("planner_stats", "subagent_stats", "manifests")
 
 
 class PolicyTimeoutError(TimeoutError):
@@ -70,8 +75,8 @@ class Progress:
         return {as_str(k): int(v) for k, v in raw.items()}
 
     def collect(self, job_id: str, *, keep_steps: int = 1, roles: tuple[keys.Role, ...] = keys.ROLES) -> int:
-        """Delete the episodes and per-step records of steps every role finished, keeping the last
-        `keep_steps` of them. Returns the number of steps collected this call."""
+        """Delete the episodes, per-step records and step-stream entries of steps every role finished,
+        keeping the last `keep_steps` of them. Returns the number of steps collected this call."""
         prog = self.get(job_id)
         done = min(prog.get(r, -1) for r in roles)
         first = prog.get("gc", -1) + 1
@@ -80,5 +85,7 @@ class Progress:
             self.episodes.delete_step(job_id, step)
             self.r.delete(*(keys.step_record(job_id, n, step) for n in keys.STREAMS))
         if last >= first:
+            for name in STEP_STREAMS:  # consumed by every role: the entries are history now
+                trim_through_step(self.r, keys.stream(job_id, name), last)
             self.r.hset(keys.progress(job_id), "gc", last)
         return max(0, last - first + 1)

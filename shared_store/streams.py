@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
@@ -64,6 +65,34 @@ def publish_metrics(client: redis.Redis, event: MetricsEvent) -> None:
     if event.kind == "metrics":
         pipe.hset(keys.metrics(event.job_id), event.role, encode(event))
     pipe.execute()
+
+
+def trim_through_step(client: redis.Redis, stream_key: str, step: int, *, page: int = 64) -> int:
+    """Delete a step stream's oldest entries while their message's step is <= `step`; returns how many
+    went. XTRIM MINID just past the last such entry, so an entry added meanwhile is never touched; an
+    entry that cannot be read ends the scan (it stays for the dead-letter path)."""
+    through: str | None = None  # id of the last entry to delete
+    start, newer_seen = "-", False
+    while not newer_seen:
+        entries = cast(
+            list[tuple[bytes, dict[bytes, bytes]]], client.xrange(stream_key, start, "+", count=page)
+        )
+        for entry_id, fields in entries:
+            try:
+                entry_step = int(json.loads(fields[b"data"])["step"])
+            except (KeyError, ValueError, TypeError):
+                entry_step = step + 1
+            if entry_step > step:
+                newer_seen = True
+                break
+            through = as_str(entry_id)
+        if len(entries) < page:
+            break
+        start = "(" + as_str(entries[-1][0])
+    if through is None:
+        return 0
+    ms, seq = through.split("-")
+    return int(client.xtrim(stream_key, minid=f"{ms}-{int(seq) + 1}", approximate=False))
 
 
 def get_step(client: redis.Redis, model: type[M], job_id: str, name: keys.StreamName, step: int) -> M | None:

@@ -33,6 +33,7 @@ class Delegation:
     result: str
     episode_id: str | None = None
     exchange_s: float = 0.0  # time this delegation spent in HTTP and Redis, not in the sub-agent's model
+    server_queue_s: float = 0.0  # of which waiting in the sub-agent's server before its handler ran
 
 
 @dataclass

@@ -1,26 +1,33 @@
-"""`hf` engine: in-process transformers generation with a KV cache, left padding, and batching of
-concurrent requests.
+"""`hf` engine: in-process transformers generation with a KV cache, left padding and continuous
+batching of concurrent requests.
 
-Callers on any thread `submit` prompts; one worker thread gathers whatever is pending (up to
-`max_batch`, waiting at most `gather_ms` for more), runs one batched decode loop — one forward pass
-per new token for the whole batch — and resolves each request's future. So 64 concurrent episodes
-cost about as many forward passes as one, not 64 times as many (`forward_passes` counts them).
+Callers on any thread `submit` prompts. One worker thread owns the running batch: between two decode
+steps it admits every request that has arrived (prefills them, left-pads them and the running rows to
+one cache length, joins the caches), samples one token for every row, and retires finished rows at
+once, resolving their futures — so a request never waits for a whole batch to finish, and a
+multi-turn episode's next turn joins the batch its previous turn left. Rows with different
+temperatures and top-p share a step. `forward_passes` counts model calls (prefills and decode
+steps), `prefills` the admissions; 64 concurrent episodes cost about as many passes as one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import queue
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from mgrpo.engines.base import Sample, SamplingParams
 
@@ -30,6 +37,20 @@ class _Request:
     prompt: list[int]
     params: SamplingParams
     future: Future[Sample]
+    generator: torch.Generator | None = None
+    sample: Sample = field(default_factory=Sample)
+
+
+@dataclass
+class _Batch:
+    """The running rows: row i's cache and `attn[i]` are left-padded to one length; `last[i]` is its
+    newest sampled token (fed at the next step) and `pos[i]` that token's position."""
+
+    rows: list[_Request]
+    cache: DynamicCache
+    attn: torch.Tensor  # (B, L) 1 on real tokens
+    pos: torch.Tensor  # (B,)
+    last: torch.Tensor  # (B,)
 
 
 class HFEngine:
@@ -42,17 +63,21 @@ class HFEngine:
         *,
         max_batch: int = 64,
         gather_ms: float = 5.0,
+        intraop_threads: int | None = 1,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self.gather_s = gather_ms / 1000
+        self.gather_s = gather_ms / 1000  # an idle engine waits this long for company before its first step
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.eos_id = tokenizer.eos_token_id
+        self.intraop_threads = intraop_threads
         self.forward_passes = 0
-        self.batches = 0
+        self.prefills = 0
         self._queue: queue.Queue[_Request | None] = queue.Queue()
-        self._lock = threading.Lock()  # held while the model runs or its weights change
+        self._lock = threading.Lock()  # held while rows are running or the weights change
+        self._pauses = 0  # trainers waiting in paused(): admit nothing new, drain, let them in
+        self._pauses_lock = threading.Lock()
         self._worker = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
         self._worker.start()
 
@@ -61,7 +86,7 @@ class HFEngine:
         if not prompt:
             raise ValueError("prompt must contain at least one token")
         fut: Future[Sample] = Future()
-        self._queue.put(_Request(list(prompt), params, fut))
+        self._queue.put(_Request(list(prompt), params, fut, _generator(params.seed)))
         return fut
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
@@ -69,7 +94,7 @@ class HFEngine:
         return [f.result() for f in futures]
 
     def update_weights(self, path: str) -> None:
-        with self._lock:
+        with self.paused():
             state: dict[str, torch.Tensor] = {}
             for f in sorted(Path(path).glob("*.safetensors")):
                 state.update(load_file(str(f)))
@@ -85,9 +110,16 @@ class HFEngine:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Hold generation while the trainer changes the weights in place (no batch sees half an update)."""
-        with self._lock:
-            yield
+        """Hold generation while the trainer changes the weights in place: running rows finish on the
+        old weights, queued ones start on the new (no sample sees half an update)."""
+        with self._pauses_lock:
+            self._pauses += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._pauses_lock:
+                self._pauses -= 1
 
     def close(self) -> None:
         self._queue.put(None)
@@ -95,44 +127,69 @@ class HFEngine:
 
     # ---- worker -----------------------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
+        if self.intraop_threads is not None:
+            _set_thread_intraop_threads(self.intraop_threads)
+        closing = False
+        while not closing:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            deadline = time.monotonic() + self.gather_s
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)
-                    break
-                batch.append(item)
-            self._run(batch)
+            time.sleep(self.gather_s)
+            with self._lock:
+                closing = self._serve([first])
 
-    def _run(self, batch: list[_Request]) -> None:
-        groups: dict[tuple[float, float], list[_Request]] = {}
-        for r in batch:
-            groups.setdefault((r.params.temperature, r.params.top_p), []).append(r)
-        for reqs in groups.values():
+    def _take(self, limit: int) -> tuple[list[_Request], bool]:
+        """Queued requests, at most `limit`, without waiting; and whether close() was called."""
+        got: list[_Request] = []
+        while len(got) < limit:
             try:
-                with self._lock:
-                    samples = self._decode(reqs)
-                for r, s in zip(reqs, samples, strict=True):
-                    r.future.set_result(s)
-            except Exception as exc:  # a failed batch fails its callers, never the worker
-                for r in reqs:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return got, True
+            got.append(item)
+        return got, False
+
+    def _serve(self, first: list[_Request]) -> bool:
+        """Step the running batch until it is empty, admitting queued requests between steps (not while
+        a trainer waits to pause). Returns whether close() was called."""
+        batch: _Batch | None = None
+        new, closing = self._take(self.max_batch - len(first))
+        new = first + new
+        while batch is not None or new:
+            try:
+                batch, logits = self._step(batch, new)
+                batch = self._sample_and_retire(batch, logits)
+            except Exception as exc:  # a failed step fails its callers, never the worker
+                for r in (batch.rows if batch else []) + new:
                     if not r.future.done():
                         r.future.set_exception(exc)
+                batch = None
+            new = []
+            room = self.max_batch - (len(batch.rows) if batch else 0)
+            if not closing and not self._pauses and room > 0:
+                new, closing = self._take(room)
+        return closing
 
     @torch.no_grad()
-    def _decode(self, reqs: list[_Request]) -> list[Sample]:
-        self.batches += 1
-        temp, top_p = reqs[0].params.temperature, reqs[0].params.top_p
-        n = len(reqs)
-        width = max(len(r.prompt) for r in reqs)
+    def _step(self, batch: _Batch | None, new: list[_Request]) -> tuple[_Batch, torch.Tensor]:
+        """One decode step of the running rows and a prefill of the new ones: (joined batch, logits (B, V))."""
+        parts: list[tuple[_Batch, torch.Tensor]] = []
+        if batch is not None:
+            batch.attn = torch.cat([batch.attn, batch.attn.new_ones((len(batch.rows), 1))], dim=-1)
+            logits = self._forward(batch.last.unsqueeze(-1), batch.attn, batch.pos.unsqueeze(-1), batch.cache)
+            parts.append((batch, logits))
+        if new:
+            parts.append(self._prefill(new))
+        if len(parts) == 1:
+            return parts[0]
+        (a, la), (b, lb) = parts
+        return _join(a, b), torch.cat([la, lb])
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[_Batch, torch.Tensor]:
+        self.prefills += 1
+        n, width = len(reqs), max(len(r.prompt) for r in reqs)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((n, width), dtype=torch.long)
         for i, r in enumerate(reqs):  # left padding
@@ -141,33 +198,42 @@ class HFEngine:
         dev = self.model.device
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        gens = [_generator(r.params.seed) for r in reqs]
-        max_new = [r.params.max_new_tokens for r in reqs]
-        out = [Sample() for _ in reqs]
-        done = [False] * n
         cache = DynamicCache()
-        step_ids, step_pos = ids, pos
-        for t in range(max(max_new)):
-            logits = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, cache=cache,
-                                use_cache=True, logits_to_keep=1).logits[:, -1].float()  # (B, V)  # fmt: skip
-            self.forward_passes += 1
-            next_ids, logps = _sample(logits, temp, top_p, gens)
-            toks, lps = next_ids.tolist(), logps.tolist()  # one device sync per step, not per row
-            for i, r in enumerate(reqs):
-                if done[i]:
-                    continue
-                out[i].token_ids.append(toks[i])
-                out[i].logprobs.append(lps[i])
-                tok = toks[i]
-                done[i] = self._finished(out[i], tok, r.params, t + 1 >= max_new[i])
-            if all(done):
-                break
-            step_ids = next_ids.unsqueeze(-1)  # (B, 1)
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long, device=dev)], dim=-1)
-            step_pos = step_pos[:, -1:] + 1
-        for s in out:
-            s.text = str(self.tokenizer.decode(s.token_ids, skip_special_tokens=False))
-        return out
+        logits = self._forward(ids, attn, pos, cache)
+        return _Batch(list(reqs), cache, attn, pos[:, -1], ids[:, -1]), logits
+
+    def _forward(
+        self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        self.forward_passes += 1
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+                         logits_to_keep=1)  # fmt: skip
+        return out.logits[:, -1].float()  # (B, V)
+
+    def _sample_and_retire(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
+        rows = batch.rows
+        next_ids, logps = _sample(logits, rows)
+        toks, lps = next_ids.tolist(), logps.tolist()  # one device sync per step, not per row
+        keep: list[int] = []
+        for i, r in enumerate(rows):
+            s = r.sample
+            s.token_ids.append(toks[i])
+            s.logprobs.append(lps[i])
+            if self._finished(s, toks[i], r.params, len(s.token_ids) >= r.params.max_new_tokens):
+                s.text = str(self.tokenizer.decode(s.token_ids, skip_special_tokens=False))
+                r.future.set_result(s)
+            else:
+                keep.append(i)
+        if not keep:
+            return None
+        batch.pos, batch.last = batch.pos + 1, next_ids
+        if len(keep) < len(rows):
+            idx = torch.tensor(keep, device=batch.attn.device)
+            batch.cache.batch_select_indices(idx)
+            batch.rows, batch.attn = [rows[i] for i in keep], batch.attn[idx]
+            batch.pos, batch.last = batch.pos[idx], batch.last[idx]
+            _trim_left(batch)
+        return batch
 
     def _finished(self, s: Sample, tok: int, params: SamplingParams, at_limit: bool) -> bool:
         if tok in params.stop_token_ids:
@@ -187,24 +253,76 @@ class HFEngine:
         return False
 
 
+def _join(a: _Batch, b: _Batch) -> _Batch:
+    """One batch of a's rows then b's, both left-padded to the longer cache."""
+    width = max(a.attn.shape[1], b.attn.shape[1])
+
+    def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:  # left-pad the sequence dim to `width`
+        missing = width - t.shape[-dim_from_end]
+        return t if missing == 0 else F.pad(t, (0, 0) * (dim_from_end - 1) + (missing, 0))
+
+    for la, lb in zip(_layers(a.cache), _layers(b.cache), strict=True):
+        la.keys = torch.cat([pad(_t(la.keys), 2), pad(_t(lb.keys), 2)])  # (B, H, L, D)
+        la.values = torch.cat([pad(_t(la.values), 2), pad(_t(lb.values), 2)])
+    return _Batch(a.rows + b.rows, a.cache, torch.cat([pad(a.attn, 1), pad(b.attn, 1)]),
+                  torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))  # fmt: skip
+
+
+def _trim_left(batch: _Batch) -> None:
+    """Drop leading columns that are padding in every row (left by retired long rows)."""
+    lead = int(batch.attn.any(0).int().argmax())
+    if lead > 0:
+        batch.attn = batch.attn[:, lead:]
+        for layer in _layers(batch.cache):
+            layer.keys, layer.values = _t(layer.keys)[:, :, lead:], _t(layer.values)[:, :, lead:]
+
+
+def _layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """The per-layer K/V of the engine's caches (`DynamicCache()` holds plain `DynamicLayer`s)."""
+    return [cast(DynamicLayer, layer) for layer in cache.layers]
+
+
+def _t(x: torch.Tensor | None) -> torch.Tensor:
+    assert x is not None, "a cache layer without tensors: every layer is filled by the prefill"
+    return x
+
+
+def _set_thread_intraop_threads(n: int) -> None:
+    """Run this thread's CPU ops on `n` OpenMP threads, leaving the trainer's threads as they are
+    (`torch.set_num_threads` is process-wide). A decode step is many small ops: measured here, after a
+    training step on another thread, two-thread decode steps took 7.8 ms and one-thread ones 4.2 ms
+    (the trainer's team and the engine's contend for 2 cores), while the update keeps both cores."""
+    torch.zeros(1 << 20).add_(1)  # torch sets this thread's OpenMP team size at its first parallel op
+    with contextlib.suppress(OSError, AttributeError):  # torch's OpenMP runtime is libgomp on Linux wheels
+        ctypes.CDLL("libgomp.so.1").omp_set_num_threads(n)
+
+
 def _generator(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed)
 
 
-def _sample(
-    logits: torch.Tensor, temperature: float, top_p: float, gens: list[torch.Generator | None]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return (ids (B,), logp (B,) under softmax(logits / T))."""
-    logp_all = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), -1)  # (B, V)
-    if temperature == 0:
-        ids = logits.argmax(-1)
-    else:
-        probs = logp_all.exp()
-        if top_p < 1.0:
-            sorted_p, order = probs.sort(-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-        cdf = probs.cumsum(-1)  # (B, V)
-        u = torch.stack([torch.rand((), generator=g) for g in gens]).to(cdf.device) * cdf[:, -1]  # (B,)
-        ids = torch.searchsorted(cdf, u.unsqueeze(-1)).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+def _sample(logits: torch.Tensor, rows: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row at the row's own temperature and top-p; return (ids (B,), logp (B,)
+    under softmax(logits / T), T = 1 for greedy rows)."""
+    temps = [r.params.temperature for r in rows]
+    top_ps = [r.params.top_p for r in rows]
+    dev = logits.device
+    scale = torch.tensor([t if t > 0 else 1.0 for t in temps], device=dev).unsqueeze(-1)  # (B, 1)
+    logp_all = torch.log_softmax(logits / scale, -1)  # (B, V)
+    probs = logp_all.exp()
+    if min(top_ps) < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        top_p = torch.tensor(top_ps, device=dev).unsqueeze(-1)  # (B, 1)
+        keep = (sorted_p.cumsum(-1) - sorted_p < top_p) | (top_p >= 1.0)  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    cdf = probs.cumsum(-1)  # (B, V)
+    draws = [
+        torch.rand((), generator=r.generator) if t > 0 else torch.zeros(())
+        for r, t in zip(rows, temps, strict=True)
+    ]
+    u = torch.stack(draws).to(dev) * cdf[:, -1]  # (B,)
+    ids = torch.searchsorted(cdf, u.unsqueeze(-1)).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    if min(temps) == 0:
+        greedy = torch.tensor([t == 0 for t in temps], device=dev)
+        ids = torch.where(greedy, logits.argmax(-1), ids)
     return ids, logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)

@@ -1,4 +1,5 @@
 import threading
+import time
 
 import pytest
 import torch
@@ -52,7 +53,7 @@ def test_64_concurrent_requests_share_forward_passes(engine, small_task, tokeniz
     assert all(r is not None and len(r.token_ids) >= 1 for r in results)
     # one-by-one would need 64 × up to 16 passes; batched, a few batches of ≤ 16 passes each
     assert engine.forward_passes <= 4 * 16, engine.forward_passes
-    assert engine.batches <= 4
+    assert engine.prefills <= 4
 
 
 def test_seed_reproducible_and_greedy_deterministic(engine, small_task, tokenizer):
@@ -105,3 +106,63 @@ def test_bad_params():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+
+
+def _wait_for_passes(engine, n, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while engine.forward_passes < n:
+        assert time.monotonic() < deadline, "the engine did not step"
+        time.sleep(0.001)
+
+
+def _teacher_forced(model, prompt, sample, temperature):
+    ids = torch.tensor([prompt + sample.token_ids])
+    t = temperature if temperature > 0 else 1.0
+    return token_logprobs(model, ids, torch.ones_like(ids), temperature=t)[0, len(prompt) - 1 :]
+
+
+def test_requests_join_a_running_batch_with_exact_logprobs(tiny_model, small_task, tokenizer):
+    """Continuous batching: requests that arrive mid-decode (prompts shorter and longer than the running
+    cache, other temperatures) join between steps; every row's log-probs still equal a teacher-forced
+    forward pass, and a short late request finishes before the long early one."""
+    eng = HFEngine(tiny_model, tokenizer, gather_ms=0)
+    eng.eos_id = None  # every request runs to its max_new_tokens
+    try:
+        long_p, short_p, longer_p = prompts(small_task, tokenizer, 3)[0], [5, 6], list(range(5, 45))
+        first = eng.submit(long_p, SamplingParams(max_new_tokens=60, temperature=1.0, seed=3))
+        _wait_for_passes(eng, 5)
+        late = [
+            (short_p, 0.7, eng.submit(short_p, SamplingParams(max_new_tokens=4, temperature=0.7, seed=4))),
+            (longer_p, 0.0, eng.submit(longer_p, SamplingParams(max_new_tokens=8, temperature=0))),
+        ]
+        done_late = [f.result(timeout=30) for _, _, f in late]
+        assert not first.done(), "a late short request waited for the running one to finish"
+        results = [(long_p, 1.0, first.result(timeout=30))] + [
+            (p, t, s) for (p, t, _), s in zip(late, done_late, strict=True)
+        ]
+        for p, t, s in results:
+            ref = _teacher_forced(tiny_model, p, s, t)
+            assert len(s.token_ids) == ref.numel()
+            assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4), (p, t)
+        assert eng.prefills >= 2  # the late ones were admitted into the running batch, not after it
+        assert len(results[0][2].token_ids) == 60 and results[0][2].finish_reason == "length"
+    finally:
+        eng.close()
+
+
+def test_paused_lets_running_rows_finish_then_holds_new_ones(tiny_model, small_task, tokenizer):
+    eng = HFEngine(tiny_model, tokenizer, gather_ms=0)
+    eng.eos_id = None
+    try:
+        (p,) = prompts(small_task, tokenizer, 1)
+        running = eng.submit(p, SamplingParams(max_new_tokens=30, seed=1))
+        _wait_for_passes(eng, 2)
+        with eng.paused():
+            assert running.done()  # the trainer got in only once the running row was done
+            queued = eng.submit(p, SamplingParams(max_new_tokens=3, seed=1))
+            passes = eng.forward_passes
+            time.sleep(0.05)
+            assert not queued.done() and eng.forward_passes == passes
+        assert queued.result(timeout=30).token_ids == running.result().token_ids[:3]  # same seed, same draws
+    finally:
+        eng.close()

@@ -101,10 +101,9 @@ def test_co_train_two_steps(cluster, store, warm):
 
     streams = {name: stream_messages(store, job_id, name, model) for name, model in
                (("planner_stats", PlannerStepStats), ("manifests", AlignedBatchManifest), ("subagent_stats", SubagentStepStats))}  # fmt: skip
-    assert all([m.step for m in msgs] == [0, 1] for msgs in streams.values()), streams
-    assert (
-        get_step(store.client, AlignedBatchManifest, job_id, "manifests", 1) == streams["manifests"][1]
-    )  # latest kept
+    # GC trimmed step 0 from every step stream once both trainers had finished it; the latest stays
+    assert all([m.step for m in msgs] == [1] for msgs in streams.values()), streams
+    assert get_step(store.client, AlignedBatchManifest, job_id, "manifests", 1) == streams["manifests"][0]
     assert (
         get_step(store.client, PlannerStepStats, job_id, "planner_stats", 0) is None
     )  # older steps collected
@@ -126,6 +125,11 @@ def test_co_train_two_steps(cluster, store, warm):
     assert {"planner/reward_mean", "timing/rollout", "timing/exchange_redis"} <= set(planner_values)
     # delegations measured their HTTP + Redis time from the sub-agent's Server-Timing header
     assert 0 < planner_values["exchange/delegation_ms_mean"] < 1e3 * planner_values["timing/rollout"]
+    assert (
+        0
+        < planner_values["exchange/delegation_server_queue_ms_mean"]
+        < planner_values["exchange/delegation_ms_mean"]
+    )
     sub_values = next(m for m in metrics if m["role"] == "subagent")["values"]
     assert sub_values["timing/subagent_exchange_redis"] > 0
     prom = httpx.get(f"{cluster.url('planner')}/metrics").text

@@ -1,10 +1,18 @@
+import json
 import time
 
 import pytest
 
 from shared_store import keys
 from shared_store.schemas import PlannerStepStats, QueryStats, RolloutStat
-from shared_store.streams import StreamConsumer, consume_once, get_step, publish, publish_step
+from shared_store.streams import (
+    StreamConsumer,
+    consume_once,
+    get_step,
+    publish,
+    publish_step,
+    trim_through_step,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -90,3 +98,19 @@ def test_block_returns_empty_on_timeout(store, job_id):
     t0 = time.monotonic()
     assert consumer(store, job_id, "c1").read(block_ms=200) == []
     assert time.monotonic() - t0 >= 0.15
+
+
+def test_trim_through_step_deletes_exactly_the_old_steps(store, job_id):
+    """Across XRANGE pages, with a redelivered duplicate; an unreadable entry ends the scan."""
+    key = keys.stream(job_id, "planner_stats")
+    for step in [0, 1, 1, 2, 3, 4, 5]:
+        publish_step(store.client, "planner_stats", stats(job_id, step))
+    assert trim_through_step(store.client, key, 3, page=2) == 5
+    left = [json.loads(f[b"data"])["step"] for _, f in store.client.xrange(key)]
+    assert left == [4, 5]
+    assert trim_through_step(store.client, key, 3) == 0  # nothing older left
+    store.client.xadd(key, {"data": b"not json"})
+    publish_step(store.client, "planner_stats", stats(job_id, 6))
+    assert trim_through_step(store.client, key, 10) == 2  # 4 and 5; the unreadable entry and 6 stay
+    assert store.client.xlen(key) == 2
+    assert trim_through_step(store.client, keys.stream(job_id, "manifests"), 3) == 0  # no such stream

@@ -8,8 +8,10 @@ Each config is a `co_train` job from the cached warm start on its own local clus
 Redis, the three services as processes). While it runs, Redis `INFO memory` is sampled every 0.5 s;
 the table reports the median step time (step 0, which loads models, is dropped), the peak
 `used_memory` above the idle server, and the keys left when the job ends. The long run samples
-`used_memory` after every step of a small job: flat means the progress-driven garbage collection
-keeps only the steps both trainers still need. Writes `results.json` and `growth.png`.
+`used_memory` after every step of a small job, and how much of it is the job's history (the metrics
+stream and the ledger, which are kept): flat once the history is set aside means the progress-driven
+garbage collection keeps only the steps both trainers still need. Writes `results.json` and
+`growth.png`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mgrpo.config import JobConfig
 from mgrpo.runtime import warmstart_config
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
+from shared_store import keys
 
 BASE = {"prompts_per_step": 8, "rollouts_per_query": 8, "subagent_slots_per_rollout": 4}
 VARIANTS = [
@@ -48,7 +51,8 @@ def run_job(job: JobConfig, out: Path, cache_dir: Path, per_step: bool = False) 
         idle = int(r.info("memory")["used_memory"])
         base = cluster.url("controller")
         job_id = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30).json()["job_id"]
-        peak, by_step, status = idle, {}, "queued"
+        peak, by_step, history, status = idle, {}, {}, "queued"
+        history_keys = [keys.stream(job_id, "events"), keys.ledger(job_id), keys.ledger_log(job_id)]
         while status not in ("succeeded", "failed", "cancelled"):
             info = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
             status, done = info["status"], info["steps_done"]["planner"]
@@ -56,6 +60,7 @@ def run_job(job: JobConfig, out: Path, cache_dir: Path, per_step: bool = False) 
             peak = max(peak, used)
             if per_step and done >= 0 and done not in by_step and info["steps_done"]["subagent"] >= done:
                 by_step[done] = used
+                history[done] = sum(int(r.memory_usage(k, samples=0) or 0) for k in history_keys)
             time.sleep(0.5)
         if status != "succeeded":
             raise RuntimeError(f"job {status}: {info['reason']}")
@@ -66,7 +71,7 @@ def run_job(job: JobConfig, out: Path, cache_dir: Path, per_step: bool = False) 
               for s in steps]  # fmt: skip
     return {"median_step_s": statistics.median(step_s) if step_s else None, "idle_used_memory": idle,
             "peak_used_memory_above_idle": peak - idle, "keys_at_end": n_keys,
-            "used_memory_by_step": by_step}  # fmt: skip
+            "used_memory_by_step": by_step, "history_bytes_by_step": history}  # fmt: skip
 
 
 def plot(table: list[dict[str, Any]], long: dict[str, Any] | None, path: Path) -> None:
@@ -85,7 +90,12 @@ def plot(table: list[dict[str, Any]], long: dict[str, Any] | None, path: Path) -
     axes[0].tick_params(axis="x", rotation=45, labelsize=8)
     if long:
         steps = sorted(int(s) for s in long["used_memory_by_step"])
-        axes[1].plot(steps, [long["used_memory_by_step"][s] / 2**20 for s in steps], marker=".")
+        used = [long["used_memory_by_step"][s] / 2**20 for s in steps]
+        history = [long["history_bytes_by_step"][s] / 2**20 for s in steps]
+        axes[1].plot(steps, used, marker=".", label="used_memory")
+        axes[1].plot(steps, [u - h for u, h in zip(used, history, strict=True)], marker=".",
+                     label="minus the job's history (metrics stream, ledger)")  # fmt: skip
+        axes[1].legend(fontsize=8)
         axes[1].set_xlabel("step")
         axes[1].set_ylabel("Redis used_memory (MiB)")
         axes[1].set_ylim(bottom=0)
@@ -110,6 +120,7 @@ def main() -> None:
         job = JobConfig.model_validate({**cfg, "steps": args.steps})
         row = {**cfg, **run_job(job, args.out / f"run-{i}", args.cache_dir)}
         row.pop("used_memory_by_step")
+        row.pop("history_bytes_by_step")
         table.append(row)
         print(json.dumps(row), flush=True)
     long = None
@@ -117,9 +128,11 @@ def main() -> None:
         job = JobConfig.model_validate({"steps": args.long_steps, "prompts_per_step": 2, "rollouts_per_query": 2,
                                         "subagent_slots_per_rollout": 2})  # fmt: skip
         long = run_job(job, args.out / "long", args.cache_dir, per_step=True)
-        mem = long["used_memory_by_step"]
-        print(json.dumps({"long_steps": args.long_steps, "used_memory_first": mem[min(mem)],
-                          "used_memory_last": mem[max(mem)], "used_memory_max": max(mem.values())}))  # fmt: skip
+        mem, hist = long["used_memory_by_step"], long["history_bytes_by_step"]
+        first, last = min(mem), max(mem)
+        print(json.dumps({"long_steps": args.long_steps, "used_memory_first": mem[first], "used_memory_last": mem[last],
+                          "used_memory_max": max(mem.values()), "history_bytes_first": hist[first],
+                          "history_bytes_last": hist[last]}))  # fmt: skip
     (args.out / "results.json").write_text(json.dumps({"table": table, "long": long}, indent=1))
     plot(table, long, args.out / "growth.png")
 

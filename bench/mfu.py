@@ -3,13 +3,16 @@ the same run.
 
     .venv/bin/python bench/mfu.py                       # presets small (3.2M) and tiny (0.44M)
     .venv/bin/python bench/mfu.py --presets small --batch 64 --seq-len 256
+    .venv/bin/python bench/mfu.py --presets small --profile   # + where the update's time goes, by op
 
 The update is the trainers' own `ppo_update` (clipped loss, AdamW, grad clipping) on synthetic
 transcripts of the given shape (half of each sequence generated, random advantages). Model FLOPs
 per token, forward + backward, follow the PaLM appendix: 6·N (N = parameters that take part in a
 matmul: everything but the input embedding) + 12·L·d·T (attention scores and values, T = sequence
 length), the same for every token of the batch (padding included: the batch is full). The peak is the
-best of square fp32 `torch.matmul` sizes on the same threads. Prints one JSON line per preset.
+best of square fp32 `torch.matmul` sizes on the same threads. Prints one JSON line per preset; with
+`--profile`, one more update runs under the torch profiler and the JSON gets each op group's share
+of its CPU time (matmuls forward and backward, attention, the rest) and the top ops.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,7 +66,26 @@ def synthetic_batch(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list
     return out
 
 
-def measure(preset: str, batch: int, seq_len: int, updates: int) -> dict[str, float | str]:
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+
+
+def profile_update(run: Callable[[], object]) -> dict[str, Any]:
+    """One update under the torch profiler: self CPU time by op, grouped (matmul, attention, other)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(ops.values())
+    groups = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for name, t in ops.items():
+        group = "matmul" if name in MATMUL_OPS else "attention" if "attention" in name else "other"
+        groups[group] += t / total
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:10]
+    return {"self_cpu_share": groups, "top_ops": {k: v / total for k, v in top}}
+
+
+def measure(preset: str, batch: int, seq_len: int, updates: int, profile: bool = False) -> dict[str, Any]:
     task = DeepResearchTask()
     tok = train_tokenizer([d.text for d in task.world.docs[:500]], 320)
     model = build_model(preset, tok, seed=0)
@@ -77,9 +101,14 @@ def measure(preset: str, batch: int, seq_len: int, updates: int) -> dict[str, fl
     best = min(times)
     n_tokens = batch * seq_len
     achieved = flops_per_token(model, seq_len) * n_tokens / best / 1e9
-    return {"preset": preset, "params": sum(p.numel() for p in model.parameters()), "tokens_per_update": n_tokens,
-            "update_s_best": best, "update_s_median": sorted(times)[len(times) // 2],
-            "train_tokens_per_s": n_tokens / best, "model_gflops_per_s": achieved}  # fmt: skip
+    row = {"preset": preset, "params": sum(p.numel() for p in model.parameters()), "tokens_per_update": n_tokens,
+           "update_s_best": best, "update_s_median": sorted(times)[len(times) // 2],
+           "train_tokens_per_s": n_tokens / best, "model_gflops_per_s": achieved}  # fmt: skip
+    if profile:
+        row["profile"] = profile_update(
+            lambda: ppo_update(model, opt, samples, settings, pad_id=int(tok.pad_token_id), seed=updates)
+        )
+    return row
 
 
 def main() -> None:
@@ -88,9 +117,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="add a torch-profiler op breakdown of one update")
     args = ap.parse_args()
     peak_before = matmul_peak()
-    rows = [measure(p, args.batch, args.seq_len, args.updates) for p in args.presets]
+    rows = [measure(p, args.batch, args.seq_len, args.updates, args.profile) for p in args.presets]
     peak_after = matmul_peak()
     peak = max(*peak_before.values(), *peak_after.values())
     for r in rows:

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/breakdown.py                    # a 10-step co_train job at the demo's size
     .venv/bin/python bench/breakdown.py --metrics runs/demo-…/metrics.jsonl   # summarise a finished run
+    .venv/bin/python bench/breakdown.py --set max_staleness=1 --out bench/results/breakdown-async
 
 Runs one `co_train` job (8 prompts × K 8 × D 4, the default recipe) on a local cluster and averages the
 trainers' own per-step timings over steps 1.. (step 0 loads models). Planner phases: waiting for the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ from rich.console import Console
 
 from mgrpo.config import JobConfig
 from services.demo import run_train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from learning import parse_sets
 
 PLANNER = ("wait_partner", "rollout", "reward", "adv", "update", "checkpoint", "exchange_redis")
 SUBAGENT = (
@@ -66,18 +71,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--metrics", type=Path, help="summarise this metrics.jsonl instead of running a job")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job-config override")
     ap.add_argument("--out", type=Path, default=Path("bench/results/breakdown"))
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     args = ap.parse_args()
     metrics = args.metrics
     if metrics is None:
         out = args.out / "run"
-        job = JobConfig(steps=args.steps)
+        job = JobConfig.model_validate({**parse_sets(args.set), "steps": args.steps})
         final = run_train(job, out, redis_url=None, cache_dir=args.cache_dir, console=Console())
         if final["status"] != "succeeded":
             raise SystemExit(f"the job {final['status']}: {final['reason']}")
         metrics = out / "metrics.jsonl"
     result = summarise([json.loads(line) for line in metrics.read_text().splitlines()])
+    result["overrides"] = args.set
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     step = result["planner_step_s"]

@@ -89,9 +89,11 @@ def plot(table: list[dict[str, Any]], long: dict[str, Any] | None, path: Path) -
     axes[0].set_ylabel("peak Redis used_memory above idle (MiB)")
     axes[0].tick_params(axis="x", rotation=45, labelsize=8)
     if long:
-        steps = sorted(int(s) for s in long["used_memory_by_step"])
-        used = [long["used_memory_by_step"][s] / 2**20 for s in steps]
-        history = [long["history_bytes_by_step"][s] / 2**20 for s in steps]
+        mem = {int(s): v for s, v in long["used_memory_by_step"].items()}  # str keys once read from JSON
+        hist = {int(s): v for s, v in long["history_bytes_by_step"].items()}
+        steps = sorted(mem)
+        used = [mem[s] / 2**20 for s in steps]
+        history = [hist[s] / 2**20 for s in steps]
         axes[1].plot(steps, used, marker=".", label="used_memory")
         axes[1].plot(steps, [u - h for u, h in zip(used, history, strict=True)], marker=".",
                      label="minus the job's history (metrics stream, ledger)")  # fmt: skip
@@ -99,7 +101,7 @@ def plot(table: list[dict[str, Any]], long: dict[str, Any] | None, path: Path) -
         axes[1].set_xlabel("step")
         axes[1].set_ylabel("Redis used_memory (MiB)")
         axes[1].set_ylim(bottom=0)
-        axes[1].set_title(f"{len(steps)}-step run")
+        axes[1].set_title(f"{max(steps) + 1}-step run ({len(steps)} steps sampled)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -9,7 +9,8 @@ Runs the job on a local cluster under `py-spy record --subprocesses --format raw
 category: the innermost frame that matches a category's pattern decides (model forward in the engine,
 sampling, PPO update, HTTP client, HTTP server, Redis, pydantic/JSON, tokenizer, …; `other` when no
 frame matches). Samples whose innermost frame waits (a lock, a queue, a socket, a sleep) count as
-idle, not as CPU. Shares are of a process's on-CPU samples; `cpu_s` is samples / rate. Sampling slows
+idle, not as CPU. Shares are of a process's on-CPU samples after start-up (imports and model loading
+are counted apart, `startup_cpu_s`); `cpu_s` is samples / rate. Sampling slows
 the run (about 10 % here), so read the shares, not the step times. Writes the raw stacks and
 `summary.json` into `--out` and prints a table per process.
 """
@@ -25,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+STARTUP = "start-up (imports, model load)"
 # Innermost match wins, so library frames (inner) beat the code that called them (outer).
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("sampling", ("_sample (mgrpo/engines/hf.py",)),
@@ -40,12 +42,12 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("episode codec, store", ("shared_store/",)),
     ("alignment, advantages, batching", ("mgrpo/algo/", "mgrpo/batching")),
     ("agent loop, tools, task", ("mgrpo/agents/", "mgrpo/tasks/")),
-    ("start-up (imports, model load)", ("_find_and_load", "from_pretrained", "PlannerJob.__init__",
-                                        "SubagentJob.__init__")),
+    (STARTUP, ("_find_and_load", "from_pretrained", "PlannerJob.__init__", "SubagentJob.__init__")),
 ]  # fmt: skip
 WAITS = ("Condition.wait", "Event.wait", "Queue.get", "SimpleQueue.get", "sleep", "select (", "Thread.join",
          "_wait_for_tstate_lock", "acquire (", "recv_into", "_recv", "wait (threading", "readline",
-         "_worker (concurrent/futures/thread.py", "process ", "SyncStream.read", "ThreadLock.__enter__")  # fmt: skip
+         "_worker (concurrent/futures/thread.py", "process ", "SyncStream.read", "ThreadLock.__enter__",
+         "_read_from_socket")  # fmt: skip
 SERVICES = ("serve planner", "serve subagent", "serve controller")
 
 
@@ -73,8 +75,10 @@ def summarise(raw: Path, rate_hz: int) -> dict[str, Any]:
             per[role][categorise(frames[2:])] += int(count)
     out: dict[str, Any] = {}
     for role, counts in per.items():
+        startup = counts.pop(STARTUP, 0)
         busy = sum(counts.values())
-        out[role] = {"cpu_s": busy / rate_hz, "idle_thread_s": idle[role] / rate_hz,
+        out[role] = {"cpu_s": busy / rate_hz, "startup_cpu_s": startup / rate_hz,
+                     "idle_thread_s": idle[role] / rate_hz,
                      "shares": {k: v / busy for k, v in counts.most_common()}}  # fmt: skip
     return out
 
@@ -130,7 +134,7 @@ def main() -> None:
         json.dumps({"mode": args.mode, "rate_hz": args.rate, **summary}, indent=1)
     )
     for role, s in summary.items():
-        print(f"{role}: {s['cpu_s']:.1f} CPU-s on-CPU samples")
+        print(f"{role}: {s['cpu_s']:.1f} CPU-s on CPU after start-up ({s['startup_cpu_s']:.1f} s start-up)")
         for k, v in s["shares"].items():
             if v >= 0.005:
                 print(f"  {k:48s} {v:6.1%}")

@@ -4,6 +4,7 @@ the same run.
     .venv/bin/python bench/mfu.py                       # presets small (3.2M) and tiny (0.44M)
     .venv/bin/python bench/mfu.py --presets small --batch 64 --seq-len 256
     .venv/bin/python bench/mfu.py --presets small --profile   # + where the update's time goes, by op
+    .venv/bin/python bench/mfu.py --compile                   # + the same updates with `compile: true`
 
 The update is the trainers' own `ppo_update` (clipped loss, AdamW, grad clipping) on synthetic
 transcripts of the given shape (half of each sequence generated, random advantages). Model FLOPs
@@ -85,14 +86,16 @@ def profile_update(run: Callable[[], object]) -> dict[str, Any]:
     return {"self_cpu_share": groups, "top_ops": {k: v / total for k, v in top}}
 
 
-def measure(preset: str, batch: int, seq_len: int, updates: int, profile: bool = False) -> dict[str, Any]:
+def measure(
+    preset: str, batch: int, seq_len: int, updates: int, profile: bool = False, compile: bool = False
+) -> dict[str, Any]:
     task = DeepResearchTask()
     tok = train_tokenizer([d.text for d in task.world.docs[:500]], 320)
     model = build_model(preset, tok, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
     samples = synthetic_batch(len(tok), batch, seq_len)
-    settings = UpdateSettings(minibatch_size=batch)
-    ppo_update(model, opt, samples, settings, pad_id=int(tok.pad_token_id))  # warm-up
+    settings = UpdateSettings(minibatch_size=batch, compile=compile)
+    ppo_update(model, opt, samples, settings, pad_id=int(tok.pad_token_id))  # warm-up (and compilation)
     times = []
     for i in range(updates):
         t0 = time.perf_counter()
@@ -101,7 +104,7 @@ def measure(preset: str, batch: int, seq_len: int, updates: int, profile: bool =
     best = min(times)
     n_tokens = batch * seq_len
     achieved = flops_per_token(model, seq_len) * n_tokens / best / 1e9
-    row = {"preset": preset, "params": sum(p.numel() for p in model.parameters()), "tokens_per_update": n_tokens,
+    row = {"preset": preset, "compile": compile, "params": sum(p.numel() for p in model.parameters()), "tokens_per_update": n_tokens,
            "update_s_best": best, "update_s_median": sorted(times)[len(times) // 2],
            "train_tokens_per_s": n_tokens / best, "model_gflops_per_s": achieved}  # fmt: skip
     if profile:
@@ -118,9 +121,14 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="add a torch-profiler op breakdown of one update")
+    ap.add_argument("--compile", action="store_true", help="also measure each preset with compile: true")
     args = ap.parse_args()
     peak_before = matmul_peak()
-    rows = [measure(p, args.batch, args.seq_len, args.updates, args.profile) for p in args.presets]
+    rows = [
+        measure(p, args.batch, args.seq_len, args.updates, args.profile, compile)
+        for p in args.presets
+        for compile in ((False, True) if args.compile else (False,))
+    ]
     peak_after = matmul_peak()
     peak = max(*peak_before.values(), *peak_after.values())
     for r in rows:

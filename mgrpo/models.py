@@ -8,7 +8,7 @@ same code that loads a real checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -113,12 +113,17 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def token_logprobs(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0
+    model: PreTrainedModel | Callable[..., Any],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Teacher-forced log-probs of each next token: out[:, t] = log p(input_ids[:, t+1] | prefix).
 
     input_ids, attention_mask: (B, T) with left or right padding. Returns (B, T-1). The same
     temperature scaling as the rollout engine (logits / T), so these match the recorded `logp_old`.
+    `model` may also be a compiled forward of one (`mgrpo.training.compiled_forward`).
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
     logits = model(

@@ -8,8 +8,9 @@ trajectory alignment) are passed as many times as they occur and so count in the
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -31,12 +32,13 @@ class UpdateSettings:
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     kl_coef: float = 0.0
+    compile: bool = False
 
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
         """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
         return cls(optim.ppo_epochs, optim.minibatch_size, optim.clip_low, optim.clip_high, optim.loss_agg,
-                   optim.max_grad_norm, temperature, optim.kl_coef)  # fmt: skip
+                   optim.max_grad_norm, temperature, optim.kl_coef, optim.compile)  # fmt: skip
 
 
 def ppo_update(
@@ -76,6 +78,17 @@ def ppo_update(
     return out
 
 
+def compiled_forward(model: PreTrainedModel) -> Callable[..., Any]:
+    """`torch.compile` of the model's forward with dynamic shapes, made once per model object and kept
+    on it. Only the update calls it: `model(...)` itself (the rollout engine's decode steps with a KV
+    cache) stays eager."""
+    fn: Callable[..., Any] | None = getattr(model, "_mgrpo_compiled_forward", None)
+    if fn is None:
+        fn = torch.compile(model.forward, dynamic=True)
+        object.__setattr__(model, "_mgrpo_compiled_forward", fn)
+    return fn
+
+
 def _minibatch(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -92,7 +105,10 @@ def _minibatch(
             ref_logp = token_logprobs(
                 ref_model, batch.input_ids, batch.attention_mask, temperature=s.temperature
             )
-    logp = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)  # (B, T-1)
+    forward = compiled_forward(model) if s.compile else model
+    logp = token_logprobs(
+        forward, batch.input_ids, batch.attention_mask, temperature=s.temperature
+    )  # (B, T-1)
     loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
                                 clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef)  # fmt: skip
     optimizer.zero_grad()

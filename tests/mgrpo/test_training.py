@@ -85,3 +85,23 @@ def test_kl_penalty_needs_a_reference_and_pulls_towards_it(tokenizer, small_task
     assert first == 0.0
     _, anchored = drift(5.0)
     assert anchored < free, (anchored, free)
+
+
+def test_compiled_update_matches_eager_and_leaves_rollouts_eager(tokenizer, small_task):
+    """`compile: true` runs the update's forward through torch.compile (inductor C++ kernels on CPU):
+    the same loss and the same weights afterwards as eager, while the model's own forward, which the
+    rollout engine calls, stays eager."""
+    prompts = [tokenizer.encode(d.text, add_special_tokens=False)[:8] for d in small_task.world.docs[:4]]
+    models = [build_model("tiny", tokenizer, seed=5) for _ in range(2)]
+    trs = sampled_transcripts(models[0], tokenizer, prompts)
+    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5], strict=True))
+    metrics = []
+    for model, compile_ in zip(models, (False, True), strict=True):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        settings = UpdateSettings(minibatch_size=2, compile=compile_)
+        metrics.append(ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id))
+    assert abs(metrics[0]["loss"] - metrics[1]["loss"]) < 1e-5, metrics
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert hasattr(models[1], "_mgrpo_compiled_forward") and not hasattr(models[0], "_mgrpo_compiled_forward")
+    assert models[1].forward.__func__ is type(models[1]).forward  # the engine's path is untouched

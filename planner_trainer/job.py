@@ -110,6 +110,7 @@ class PlannerJob:
         t_end = time.perf_counter()
         n_del = [len(d) for d in delegations]
         exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
+        every = [d for dels in delegations for d in dels]
         values = {
             **{f"planner/{k}": v for k, v in metrics.items()},
             "planner/reward_mean": float(np.mean(rewards)), "planner/success": float(np.mean(correct)),
@@ -120,8 +121,8 @@ class PlannerJob:
             "timing/adv": t_adv - t_pub, "timing/update": t_upd - t_adv, "timing/checkpoint": t_ckpt - t_upd,
             "timing/exchange_redis": (t_pub - t_rew) + (t_end - t_ckpt), "timing/step": t_end - t0,
             "timing/exchange_http_critical": max(exchange, default=0.0),
-            "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for ds in delegations for d in ds] or [0.0])),
-            "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for ds in delegations for d in ds] or [0.0])),
+            "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
+            "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
         }  # fmt: skip
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", values=values)

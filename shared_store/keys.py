@@ -17,6 +17,9 @@ ROLES: tuple[Role, ...] = ("planner", "subagent")
 # Stream names of one job (the `<noun>` of `mgrpo:v1:{job}:stream:<noun>`).
 StreamName = Literal["planner_stats", "subagent_stats", "manifests", "events"]
 STREAMS: tuple[StreamName, ...] = ("planner_stats", "subagent_stats", "manifests", "events")
+# The per-step ones (a message per step, consumed by the other role; GC trims them); `events` is the
+# job's metrics log and stays.
+STEP_STREAMS: tuple[StreamName, ...] = ("planner_stats", "subagent_stats", "manifests")
 
 _ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 

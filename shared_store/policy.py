@@ -21,10 +21,6 @@ return 0
 """
 
 
-# The per-step streams (one message per step and role); `events` is the job's metrics log and stays.
-STEP_STREAMS: tuple[keys.StreamName, ...] = ("planner_stats", "subagent_stats", "manifests")
-
-
 class PolicyTimeoutError(TimeoutError):
     pass
 
@@ -85,7 +81,7 @@ class Progress:
             self.episodes.delete_step(job_id, step)
             self.r.delete(*(keys.step_record(job_id, n, step) for n in keys.STREAMS))
         if last >= first:
-            for name in STEP_STREAMS:  # consumed by every role: the entries are history now
+            for name in keys.STEP_STREAMS:  # consumed by every role: the entries are history now
                 trim_through_step(self.r, keys.stream(job_id, name), last)
             self.r.hset(keys.progress(job_id), "gc", last)
         return max(0, last - first + 1)

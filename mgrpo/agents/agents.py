@@ -169,3 +169,29 @@ def demo_transcript(
         if observation is not None:
             tr.add(observation_ids(tokenizer, obs_tag, observation), generated=False)
     return tr
+
+
+class TurnAgent:
+    """One turn: a prompt text in, one `<think>…</think><answer>…</answer>` turn out (the MarsRL roles).
+    The transcript holds the prompt (mask 0) and the sampled turn (mask 1, its log-probs)."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, *, temperature: float = 1.0,
+                 max_new_tokens: int = 48) -> None:  # fmt: skip
+        self.engine, self.tokenizer = engine, tokenizer
+        self.params = SamplingParams(max_new_tokens, temperature, stop_token_ids=_stop_ids(tokenizer, ("</answer>",)))
+
+    def sample(self, prompt: str, n: int, *, seed: int | None = None) -> list[tuple[str, Transcript]]:
+        """`n` turns on one prompt, sampled concurrently; with `seed`, turn i uses seed + i."""
+        ids = list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        if seed is None:
+            samples = self.engine.generate([ids] * n, self.params)
+        else:
+            samples = [s for i in range(n) for s in self.engine.generate([ids], _seeded(self.params, seed + i))]
+        out = []
+        for s in samples:
+            tr = Transcript.start(ids)
+            tr.add(s.token_ids, s.logprobs, generated=True)
+            if s.finish_reason != "stop":
+                tr.fail("format_error")
+            out.append((s.text, tr))
+        return out

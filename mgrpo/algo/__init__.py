@@ -6,19 +6,30 @@ Public API (stable; other packages and users rely on these names):
 - `group_advantages`                                SPEC §5 (paper Eqs. 9-13)
 - `align_episodes`, `alignment_seed`                SPEC §4 (paper §4.1)
 - `policy_loss`                                     SPEC §6
+- `answer_reward`, `verifier_reward`, `select_inputs`   SPEC §9 (MarsRL)
 """
 
 from mgrpo.algo.advantages import group_advantages
 from mgrpo.algo.alignment import align_episodes, alignment_seed
 from mgrpo.algo.loss import policy_loss
-from mgrpo.algo.rewards import normalize_answer, planner_reward, subagent_reward
+from mgrpo.algo.rewards import (
+    answer_reward,
+    normalize_answer,
+    planner_reward,
+    subagent_reward,
+    verifier_reward,
+)
+from mgrpo.algo.selection import select_inputs
 
 __all__ = [
+    "answer_reward",
     "align_episodes",
     "alignment_seed",
     "group_advantages",
     "normalize_answer",
     "planner_reward",
     "policy_loss",
+    "select_inputs",
     "subagent_reward",
+    "verifier_reward",
 ]

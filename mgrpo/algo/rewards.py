@@ -65,3 +65,17 @@ def subagent_reward(
     if not format_ok:
         return 0.0
     return beta[0] * 1.0 + beta[1] * float(correct_main) + beta[2] * float(expert)
+
+
+def answer_reward(format_ok: bool, correct: bool) -> float:
+    """MarsRL solver and corrector reward: 1 when the answer matches the reference, else 0 (a malformed
+    turn scores 0)."""
+    return float(format_ok and correct)
+
+
+def verifier_reward(verdict: bool | None, solution_correct: bool) -> float:
+    """MarsRL verifier reward r_V = 1[verdict == the reviewed solution's true correctness] (SPEC §9).
+
+    `verdict`: True for 'Correctness: Correct', False for 'Correctness: Wrong', None for a malformed
+    verdict (reward 0). `solution_correct` comes from the reviewed solution's own reward."""
+    return 0.0 if verdict is None else float(verdict == solution_correct)

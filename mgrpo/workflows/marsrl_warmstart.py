@@ -1,0 +1,170 @@
+"""The MarsRL warm start: supervised fine-tuning of the tiny solver, verifier and corrector (one model
+each) and of one shared model (all three roles' demonstrations), stopped early so RL has room.
+
+Demonstrations (`mgrpo.tasks.arithmetic`): the solver writes the correct steps; the verifier reviews a
+correct or a corrupted solution (half each) and writes the step-by-step report and the verdict; the
+corrector revises a corrupted solution given its report into the correct one. One tokenizer serves
+all models. Cached like the deep-research warm start: `cache_dir/marsrl-<config key>`, the key
+covering the config and `DEMO_VERSION`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from mgrpo.agents.agents import TurnAgent, demo_transcript
+from mgrpo.agents.loop import Transcript
+from mgrpo.batching import collate, sft_step
+from mgrpo.engines.hf import HFEngine
+from mgrpo.models import build_model, save, train_tokenizer
+from mgrpo.tasks.arithmetic import (
+    Problem,
+    check_steps,
+    corrector_prompt,
+    corrupt,
+    make_problems,
+    parse_turn,
+    solution_turn,
+    solver_prompt,
+    tokenizer_texts,
+    verification_turn,
+    verifier_prompt,
+)
+from mgrpo.workflows.marsrl import LocalRun, evaluate
+
+DEMO_VERSION = 1  # bump when the task, the demonstrations or the recipe change: caches are rebuilt
+EVAL_SEED = 1000
+ROLES = ("solver", "verifier", "corrector")
+
+
+@dataclass(frozen=True)
+class MarsWarmstartConfig:
+    seed: int = 0
+    solver_preset: str = "tiny"
+    verifier_preset: str = "tiny-wide"
+    corrector_preset: str = "tiny"
+    shared_preset: str = "tiny"
+    vocab: int = 320
+    steps: int = 150  # early stop: the solver's held-out accuracy lands in the 15-50 % band (README)
+    batch_size: int = 32
+    lr: float = 3e-3
+    n_ops: int = 2
+    eval_problems: int = 100  # 0 skips the evaluation
+
+    def key(self) -> str:
+        blob = json.dumps({**asdict(self), "demos": DEMO_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def preset(self, model: str) -> str:
+        return str(getattr(self, f"{model}_preset"))
+
+
+@dataclass
+class MarsWarmstart:
+    folder: Path
+    metrics: dict[str, dict[str, float]]
+    cached: bool
+
+    def path(self, model: str) -> Path:
+        """`solver`, `verifier`, `corrector` or `shared`."""
+        return self.folder / model
+
+
+def demo(role: str, p: Problem, tok: PreTrainedTokenizerFast, rng: random.Random) -> Transcript:
+    good = p.steps()
+    if role == "solver":
+        prompt, turn = solver_prompt(p.text), solution_turn(good)
+    else:
+        bad = corrupt(p, rng)
+        shown = parse_turn(solution_turn(bad)).shown()
+        if role == "verifier":
+            steps = good if rng.random() < 0.5 else bad
+            prompt = verifier_prompt(p.text, parse_turn(solution_turn(steps)).shown())
+            turn = verification_turn(*check_steps(p, steps))
+        else:
+            prompt, turn = corrector_prompt(p.text, shown, check_steps(p, bad)[0]), solution_turn(good)
+    ids = list(tok.encode(prompt, add_special_tokens=False))
+    return demo_transcript(tok, ids, [(turn, None)], "tool_response")
+
+
+def run_warmstart(cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> MarsWarmstart:  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    tok = train_tokenizer(tokenizer_texts(cfg.seed), cfg.vocab)
+    models = {m: build_model(cfg.preset(m), tok, seed=cfg.seed + i) for i, m in enumerate((*ROLES, "shared"))}
+    opts = {m: torch.optim.AdamW(model.parameters(), lr=cfg.lr) for m, model in models.items()}
+    problems = make_problems("train", 3000, seed=cfg.seed, n_ops=cfg.n_ops)
+    rng = random.Random(cfg.seed)
+    for step in range(cfg.steps):
+        losses = {}
+        for role in ROLES:
+            batch = [demo(role, p, tok, rng) for p in rng.sample(problems, cfg.batch_size)]
+            losses[f"{role}/sft_loss"] = _sft(models[role], opts[role], tok, batch)
+        mixed = [demo(rng.choice(ROLES), p, tok, rng) for p in rng.sample(problems, cfg.batch_size)]
+        losses["shared/sft_loss"] = _sft(models["shared"], opts["shared"], tok, mixed)
+        if on_step:
+            on_step(step, losses)
+    metrics = evaluate_models(cfg, {r: (models[r], tok) for r in ROLES}, (models["shared"], tok)) if cfg.eval_problems else {}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    for m, model in models.items():
+        save(model, tok, out / m)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "eval.json").write_text(json.dumps(metrics, indent=2))
+    return MarsWarmstart(out, metrics, cached=False)
+
+
+def _sft(model: PreTrainedModel, opt: torch.optim.Optimizer, tok: PreTrainedTokenizerFast, demos: list[Transcript]) -> float:  # fmt: skip
+    return sft_step(model, opt, collate(demos, int(tok.pad_token_id)))
+
+
+def evaluate_models(
+    cfg: MarsWarmstartConfig,
+    distinct: dict[str, tuple[PreTrainedModel, PreTrainedTokenizerFast]],
+    shared: tuple[PreTrainedModel, PreTrainedTokenizerFast] | None = None,
+    *,
+    temperature: float = 1.0,
+    n_problems: int | None = None,
+) -> dict[str, dict[str, float]]:
+    """The V–C evaluation (`marsrl.evaluate`) on the same seeded held-out problems, for the three
+    distinct models and, when given, the shared one."""
+    problems = make_problems("heldout", n_problems or cfg.eval_problems, seed=1000 + cfg.seed, n_ops=cfg.n_ops)
+    out = {"distinct": evaluate_system(problems, distinct, temperature)}
+    if shared is not None:
+        out["shared"] = evaluate_system(problems, dict.fromkeys(ROLES, shared), temperature)
+    return out
+
+
+def evaluate_system(problems: list[Problem], models: dict[str, tuple[PreTrainedModel, PreTrainedTokenizerFast]],
+                    temperature: float = 1.0) -> dict[str, float]:  # fmt: skip
+    engines: dict[int, HFEngine] = {}
+    agents = {}
+    for role, (model, tok) in models.items():
+        engine = engines.setdefault(id(model), HFEngine(model, tok))
+        agents[role] = TurnAgent(engine, tok, temperature=temperature)
+    try:
+        return evaluate(problems, LocalRun(agents, seed=EVAL_SEED))
+    finally:
+        for e in engines.values():
+            e.close()
+
+
+def cached_warmstart(cfg: MarsWarmstartConfig, cache_dir: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> MarsWarmstart:  # fmt: skip
+    """Reuse `cache_dir/marsrl-<key>` when it holds a finished warm start, else run and store one."""
+    folder = cache_dir / f"marsrl-{cfg.key()}"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / f"{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / "eval.json").exists():
+            return MarsWarmstart(folder, json.loads((folder / "eval.json").read_text()), cached=True)
+        tmp = folder.with_name(folder.name + ".partial")
+        result = run_warmstart(cfg, tmp, on_step=on_step)
+        tmp.rename(folder)
+    return MarsWarmstart(folder, result.metrics, cached=False)

@@ -6,9 +6,11 @@ pydantic's ValidationError naming the field path (the REST API turns it into a 4
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mgrpo.workflows import Workflow, get_workflow
 
 
 class _Strict(BaseModel):
@@ -60,20 +62,65 @@ class OptimConfig(_Strict):
     )
 
 
+class RoleConfig(_Strict):
+    """One role of the job's workflow: its model, its update, or the role whose model it shares."""
+
+    model: ModelSpec | None = Field(
+        None, description="The role's model (default: the workflow's preset for it, warm-started)."
+    )
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    share_model_with: str | None = Field(
+        None,
+        description="Train this role's samples with the root role's model in the root's trainer (MarsRL's one policy for every role) instead of a model and trainer of its own.",
+    )
+
+
+class MarsRLConfig(_Strict):
+    """The MarsRL workflow's rollout (SPEC §9); G is `rollouts_per_query`."""
+
+    select_k: int = Field(2, ge=1, le=64, description="Outputs of the previous agent each later agent takes.")
+    selection: Literal["adaptive", "balanced", "random"] = Field(
+        "adaptive",
+        description="Which outputs the next agent takes (adaptive: the verifier prefers wrong solutions, the corrector reports that rightly flagged errors).",
+    )
+    reward: Literal["agent", "outcome"] = Field(
+        "agent",
+        description="agent: agent-specific rewards; outcome: every role rewarded by the final outcome (MarsRL's baseline).",
+    )
+    max_agent_steps: int = Field(5, ge=1, le=5, description="S → V1 → C1 → V2 → C2 at most.")
+    n_ops: int = Field(2, ge=1, le=6, description="Operations per arithmetic problem.")
+
+
+_LEGACY = {"planner": ("planner", "model"), "subagent": ("subagent", "model"),
+           "planner_optim": ("planner", "optim"), "subagent_optim": ("subagent", "optim")}  # fmt: skip
+
+
 class JobConfig(_Strict):
     """A training job."""
 
+    workflow: Literal["deep_research", "marsrl"] = Field(
+        "deep_research",
+        description="deep_research: planner → sub-agent (M-GRPO); marsrl: solver → verifier → corrector (MarsRL).",
+    )
     mode: Literal["co_train", "main_only", "single_agent"] = Field(
         "co_train",
-        description="co_train: M-GRPO on both models; main_only: sub-agent frozen; single_agent: one model with all tools.",
+        description="deep_research only. co_train: M-GRPO on both models; main_only: sub-agent frozen; single_agent: one model with all tools.",
     )
+    roles: dict[str, RoleConfig] = Field(
+        default_factory=dict,
+        description="Per role of the workflow (deep_research: planner, subagent; marsrl: solver, verifier, corrector): model, optim, share_model_with. Roles left out get the defaults.",
+    )
+    marsrl: MarsRLConfig = Field(default_factory=MarsRLConfig)
     alignment: Literal["duplicate_drop", "none"] = Field(
         "duplicate_drop", description="Sub-agent trajectory alignment (SPEC §4)."
     )
     steps: int = Field(20, ge=1, le=1_000_000, description="Training steps.")
-    prompts_per_step: int = Field(8, ge=1, le=4096, description="Queries per step.")
+    prompts_per_step: int = Field(8, ge=1, le=4096, description="Queries (problems) per step.")
     rollouts_per_query: int = Field(
-        8, ge=2, le=256, description="K: planner rollouts per query (the planner group)."
+        8,
+        ge=2,
+        le=256,
+        description="K: root rollouts per query (the root's group); MarsRL's G, also each later agent's group.",
     )
     subagent_slots_per_rollout: int = Field(
         4, ge=1, le=256, description="D: aligned sub-agent samples per rollout."
@@ -88,13 +135,12 @@ class JobConfig(_Strict):
         description="Varies the RL run (question order, alignment draws) on the same world and warm start.",
     )
     n_people: int = Field(2000, ge=10, le=1_000_000, description="People in the built-in world.")
-    warmstart_steps: int = Field(
-        350, ge=0, le=100_000, description="SFT steps of the cached warm start (0: untrained presets)."
+    warmstart_steps: int | None = Field(
+        None,
+        ge=0,
+        le=100_000,
+        description="SFT steps of the cached warm start (0: untrained presets; default: the workflow's).",
     )
-    planner: ModelSpec = Field(default_factory=lambda: ModelSpec(preset="tiny"))
-    subagent: ModelSpec = Field(default_factory=lambda: ModelSpec(preset="tiny-wide"))
-    planner_optim: OptimConfig = Field(default_factory=OptimConfig)
-    subagent_optim: OptimConfig = Field(default_factory=OptimConfig)
     checkpoint_keep_every_steps: int = Field(
         0,
         ge=0,
@@ -111,6 +157,71 @@ class JobConfig(_Strict):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"mode": "co_train", "steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4}]
+            "examples": [
+                {"workflow": "deep_research", "mode": "co_train", "steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4},
+                {"workflow": "marsrl", "steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4,
+                 "roles": {"verifier": {"optim": {"lr": 2e-4}}}},
+                {"workflow": "marsrl", "steps": 2, "roles": {"verifier": {"share_model_with": "solver"},
+                                                             "corrector": {"share_model_with": "solver"}}},
+            ]
         },
-    )
+    )  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_fields(cls, data: Any) -> Any:
+        """`planner`, `subagent`, `planner_optim`, `subagent_optim` (the two-role config) → `roles`."""
+        if not isinstance(data, dict) or not set(_LEGACY) & set(data):
+            return data
+        data, roles = dict(data), {k: dict(v) for k, v in (data.get("roles") or {}).items()}
+        for name, (role, field) in _LEGACY.items():
+            if name in data:
+                roles.setdefault(role, {})[field] = data.pop(name)
+        return {**data, "roles": roles}
+
+    @model_validator(mode="after")
+    def _roles_of_workflow(self) -> JobConfig:
+        wf = get_workflow(self.workflow)
+        for name, rc in self.roles.items():
+            if name not in wf.role_names:
+                raise ValueError(
+                    f"roles.{name}: the workflow {wf.name!r} has no role {name!r}; its roles are {', '.join(wf.role_names)}"
+                )
+            if rc.share_model_with is not None and (name == wf.root or rc.share_model_with != wf.root):
+                raise ValueError(
+                    f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"
+                )
+        if self.workflow == "marsrl" and self.mode != "co_train":
+            raise ValueError(
+                "mode: the marsrl workflow trains every role (co_train); main_only and single_agent are deep_research modes"
+            )
+        return self
+
+    # ---- what the trainers read -------------------------------------------------------------------
+    @property
+    def flow(self) -> Workflow:
+        """The job's workflow (`single_agent` mode: the one-role single-agent workflow)."""
+        return get_workflow("single_agent" if self.mode == "single_agent" else self.workflow)
+
+    def role(self, name: str) -> RoleConfig:
+        self.flow.role(name)  # a clear error for a role the workflow does not have
+        return self.roles.get(name) or RoleConfig()
+
+    def model_of(self, role: str) -> ModelSpec:
+        return self.role(role).model or ModelSpec(preset=self.flow.role(role).preset)
+
+    def optim_of(self, role: str) -> OptimConfig:
+        return self.role(role).optim
+
+    def shares_root(self, role: str) -> bool:
+        return self.role(role).share_model_with is not None
+
+    @property
+    def trainer_roles(self) -> tuple[str, ...]:
+        """The roles that run a trainer (own a model), root first."""
+        return tuple(r for r in self.flow.role_names if not self.shares_root(r))
+
+    @property
+    def root_roles(self) -> tuple[str, ...]:
+        """The roles whose samples the root trainer trains: the root and every role that shares its model."""
+        return tuple(r for r in self.flow.role_names if r == self.flow.root or self.shares_root(r))

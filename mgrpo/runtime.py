@@ -4,7 +4,6 @@ cached warm start (presets) or a folder (path)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -16,8 +15,11 @@ from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
+from mgrpo.workflows.marsrl_warmstart import ROLES as MARS_ROLES
+from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
+from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
 
-RoleName = Literal["planner", "subagent", "single"]
+RoleName = str  # a role of the job's workflow, or "single" (the single-agent baseline's model)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -33,11 +35,22 @@ def resolve_device(name: str) -> torch.device:
 
 
 def warmstart_config(job: JobConfig) -> WarmstartConfig:
+    steps = 350 if job.warmstart_steps is None else job.warmstart_steps
     return WarmstartConfig(
-        seed=job.seed, n_people=job.n_people, steps=job.warmstart_steps,
-        planner_preset=job.planner.preset or "tiny", subagent_preset=job.subagent.preset or "tiny-wide",
-        eval_questions=100 if job.warmstart_steps >= 100 else 0,
+        seed=job.seed, n_people=job.n_people, steps=steps,
+        planner_preset=job.model_of("planner").preset or "tiny",
+        subagent_preset=job.model_of("subagent").preset or "tiny-wide",
+        eval_questions=100 if steps >= 100 else 0,
     )  # fmt: skip
+
+
+def marsrl_warmstart_config(job: JobConfig) -> MarsWarmstartConfig:
+    default = MarsWarmstartConfig()
+    steps = default.steps if job.warmstart_steps is None else job.warmstart_steps
+    solver, verifier, corrector = (job.model_of(r).preset or default.preset(r) for r in MARS_ROLES)
+    return MarsWarmstartConfig(seed=job.seed, steps=steps, n_ops=job.marsrl.n_ops, solver_preset=solver,
+                               verifier_preset=verifier, corrector_preset=corrector, shared_preset=solver,
+                               eval_problems=100 if steps >= 100 else 0)  # fmt: skip
 
 
 def job_task(job: JobConfig) -> DeepResearchTask:
@@ -45,10 +58,18 @@ def job_task(job: JobConfig) -> DeepResearchTask:
 
 
 def role_model_source(job: JobConfig, role: RoleName, cache_dir: Path) -> str:
-    """Where the role's starting model is: `path` when given, else the (cached) warm start of its preset."""
-    spec = job.subagent if role == "subagent" else job.planner
+    """Where the role's starting model is: `path` when given, else the (cached) warm start of its preset.
+    A MarsRL root whose model other roles share starts from the shared warm start."""
+    spec = job.model_of("planner" if role == "single" else role)
     if spec.path is not None:
         return spec.path
+    if job.workflow == "marsrl":
+        shared = role == job.flow.root and len(job.root_roles) > 1
+        return str(
+            cached_marsrl_warmstart(marsrl_warmstart_config(job), cache_dir).path(
+                "shared" if shared else role
+            )
+        )
     result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
     return str(result.subagent_path if role == "subagent" else result.planner_path)
 
@@ -82,7 +103,7 @@ def reference_model(
 ) -> PreTrainedModel | None:
     """The frozen starting model the KL penalty anchors to (None when the role's kl_coef is 0).
     A resumed trainer loads it again from the job's source, not from its checkpoint."""
-    optim = job.subagent_optim if role == "subagent" else job.planner_optim
+    optim = job.optim_of("planner" if role == "single" else role)
     if optim.kl_coef == 0:
         return None
     model, _ = load_role_model(job, role, cache_dir)

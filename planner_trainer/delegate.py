@@ -60,7 +60,7 @@ class SubagentClient:
                     return Delegation(
                         body["subtask"], data["result"], data["episode_id"], exchange_s, queued_s
                     )
-                if resp.status_code not in (409, 503):  # 409: job not loaded yet; 503: not ready
+                if resp.status_code not in (409, 503):  # 503 (409 before): the job is not loaded there yet
                     raise PartnerError(
                         f"sub-agent service at {self.base_url} refused an episode: {resp.status_code} {resp.text[:200]}"
                     )

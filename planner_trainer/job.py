@@ -1,7 +1,7 @@
 """One job on the planner service: the step loop.
 
-Per step s (phases timed as `timing/<name>`): `wait_partner` (the sub-agent's policy is at version
-≥ s − max_staleness) → `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP
+Per step s (phases timed by `PhaseTimer` as `timing/<name>`): `wait_partner` (the sub-agent applied step
+s − 1 − max_staleness) → `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP
 call to the sub-agent service) → `reward` (R_M, SPEC §3) → per-query statistics to Redis → `adv`
 (over each query's K rollouts, SPEC §5) → `update` (clipped PPO, SPEC §6) → `checkpoint` → ledger,
 policy version s+1, progress. `exchange_redis` is the Redis time on this path (statistics, ledger,
@@ -13,7 +13,6 @@ ledger holds, from that step's checkpoint.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,19 +22,18 @@ import torch
 
 from mgrpo.agents.agents import AgentLimits, Delegation, PlannerAgent, SingleAgent
 from mgrpo.agents.loop import Transcript
-from mgrpo.algo import group_advantages, planner_reward
-from mgrpo.checkpoint import latest_checkpoint, restore_trainer_state, save_checkpoint
 from mgrpo.config import JobConfig
-from mgrpo.models import load, place
-from mgrpo.runtime import RoleName, job_task, reference_model, role_model_source, rollout_engine
+from mgrpo.role_model import RoleModel
+from mgrpo.runtime import job_task
+from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.deep_research import Question, make_questions
-from mgrpo.training import UpdateSettings, ppo_update
+from mgrpo.timing import PhaseTimer
+from mgrpo.workflows.deep_research import episode_ids, planner_samples
 from planner_trainer.delegate import PartnerError, SubagentClient
+from planner_trainer.partners import wait_applied
 from shared_store import Store
 from shared_store.jobs import JobCancelled
-from shared_store.policy import PolicyTimeoutError
 from shared_store.schemas import (
-    LedgerEntry,
     MetricsEvent,
     PlannerStepStats,
     PolicyVersion,
@@ -50,26 +48,22 @@ class PlannerJob:
                  subagent: SubagentClient | None, device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.subagent = store, job_id, cfg, subagent
         self.single = cfg.mode == "single_agent"
-        self.ckpt_root = checkpoint_dir / job_id / "planner"
         self.task = job_task(cfg)
         last = store.ledger.last_step(job_id, "planner")
-        resume = latest_checkpoint(self.ckpt_root, step=last) if last >= 0 else None
-        role: RoleName = "single" if self.single else "planner"
-        source = str(resume.path) if resume else role_model_source(cfg, role, cache_dir)
-        model, self.tokenizer = load(source)
-        self.model = place(model, device).eval()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.planner_optim.lr, weight_decay=0.0)
-        if resume:
-            restore_trainer_state(resume, self.optimizer)
-        self.start_step = last + 1
-        self.version = resume.version if resume else 0
-        self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source, max_batch=256)
-        o, spec = cfg.planner_optim, cfg.planner
+        self.m = RoleModel(cfg, "planner", cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
+                           last_step=last, device=device, sglang_url=sglang_url, max_batch=256,
+                           model_role="single" if self.single else "planner")  # fmt: skip
+        self.start_step, self.engine, self.tokenizer = self.m.start_step, self.m.engine, self.m.tokenizer
+        spec = self.m.spec
         self.limits = AgentLimits(10 if self.single else 6, spec.max_context_tokens * (2 if self.single else 1),
                                   spec.max_new_tokens_per_turn)  # fmt: skip
-        self.update_settings = UpdateSettings.of(o, spec.temperature)
-        self.ref_model = reference_model(cfg, role, cache_dir, device)
-        store.policies.publish(PolicyVersion(job_id=job_id, role="planner", version=self.version, step=last))
+        store.policies.publish(
+            PolicyVersion(job_id=job_id, role="planner", version=self.m.version, step=last)
+        )
+
+    @property
+    def version(self) -> int:
+        return self.m.version
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
         for step in range(self.start_step, self.cfg.steps):
@@ -81,45 +75,36 @@ class PlannerJob:
         self._wait_partner_done()
 
     def step(self, step: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        self._wait_partner(step)
-        t_wait = time.perf_counter()
+        timer = PhaseTimer()
+        with timer("wait_partner"):
+            self._wait_partner(step)
         questions = self._questions(step)
-        transcripts, delegations = self._rollouts(step, questions)
-        t_roll = time.perf_counter()
-        rewards, correct, queries = self._rewards(questions, transcripts, delegations)
-        t_rew = time.perf_counter()
-        publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
-                     policy_version=self.version, queries=queries))  # fmt: skip
-        t_pub = time.perf_counter()
-        groups = torch.arange(len(questions)).repeat_interleave(self.cfg.rollouts_per_query)
-        adv = group_advantages(torch.tensor(rewards), groups)
-        t_adv = time.perf_counter()
-        with self.engine.paused():
-            metrics = ppo_update(self.model, self.optimizer, list(zip(transcripts, adv.tolist(), strict=True)),
-                                 self.update_settings, pad_id=int(self.tokenizer.pad_token_id), seed=step,
-                                 ref_model=self.ref_model)  # fmt: skip
-        self.version += 1
-        t_upd = time.perf_counter()
-        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=step,
-                               version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
-        if not self.engine.shares_weights:  # an SGLang server: load the new policy before anyone samples it
-            self.engine.update_weights(str(ckpt.path))
-        t_ckpt = time.perf_counter()
-        self._commit(step, ckpt.path)
-        t_end = time.perf_counter()
-        n_del = [len(d) for d in delegations]
+        with timer("rollout"):
+            transcripts, delegations = self._rollouts(step, questions)
+        with timer("reward"):
+            qids = [f"q{qi}" for qi in range(len(questions))]
+            samples, correct = planner_samples(qids, transcripts, [q.answer for q in questions], self.task.correct,
+                                               self.cfg.rollouts_per_query, self.version)  # fmt: skip
+        with timer("exchange_redis"):
+            publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
+                         policy_version=self.version, queries=self._query_stats(samples, correct, delegations)))  # fmt: skip
+        with timer("adv"):
+            adv = assign_advantages(samples)
+        with timer("update"):
+            metrics = self.m.update(samples, seed=step)
+        with timer("checkpoint"):
+            ckpt = self.m.save(step)
+        with timer("exchange_redis"):
+            self._commit(step, ckpt.path)
+        rewards = [s.reward for s in samples]
         exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
         every = [d for dels in delegations for d in dels]
         values = {
             **{f"planner/{k}": v for k, v in metrics.items()},
             "planner/reward_mean": float(np.mean(rewards)), "planner/success": float(np.mean(correct)),
             "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
-            "planner/delegations_mean": float(np.mean(n_del)), "planner/adv_std": float(adv.std()),
-            "planner/version": float(self.version),
-            "timing/wait_partner": t_wait - t0, "timing/rollout": t_roll - t_wait, "timing/reward": t_rew - t_roll,
-            "timing/adv": t_adv - t_pub, "timing/update": t_upd - t_adv, "timing/checkpoint": t_ckpt - t_upd,
-            "timing/exchange_redis": (t_pub - t_rew) + (t_end - t_ckpt), "timing/step": t_end - t0,
+            "planner/delegations_mean": float(np.mean([len(d) for d in delegations])), "planner/adv_std": float(adv.std()),
+            "planner/version": float(self.version), **timer.values(),
             "timing/exchange_http_critical": max(exchange, default=0.0),
             "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
             "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
@@ -127,21 +112,12 @@ class PlannerJob:
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", values=values)
         )
-        publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", kind="event",
-                        message=str(ckpt.path), values={"checkpoint": 1.0, "version": float(self.version)}))  # fmt: skip
         return values
 
     def _commit(self, step: int, ckpt: Path) -> None:
         """The step is done: ledger, policy version, progress (and garbage collection) in Redis."""
-        self.store.ledger.mark(
-            LedgerEntry(job_id=self.job_id, role="planner", step=step, policy_version=self.version)
-        )
-        self.store.policies.publish(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
-                                                  checkpoint=str(ckpt)))  # fmt: skip
-        self.store.progress.advance(self.job_id, "planner", step)
-        if self.single:
-            self.store.progress.advance(self.job_id, "subagent", step)
-        self.store.progress.collect(self.job_id, keep_steps=1)
+        self.store.commit_step(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
+                                             checkpoint=str(ckpt)), roles=self.cfg.trainer_roles)  # fmt: skip
 
     def _questions(self, step: int) -> list[Question]:
         seed = random.Random(f"{self.cfg.seed}:{self.cfg.run_seed}:{step}").randrange(2**31)
@@ -156,7 +132,7 @@ class PlannerJob:
             qi, k = item
             if self.single:
                 agent = SingleAgent(self.engine, self.tokenizer, self.task.call_tool,
-                                    temperature=self.cfg.planner.temperature, limits=self.limits)  # fmt: skip
+                                    temperature=self.m.spec.temperature, limits=self.limits)  # fmt: skip
                 return agent.rollout(questions[qi].text), []
             return self._planner_rollout(step, qi, k, questions[qi])
 
@@ -187,60 +163,40 @@ class PlannerJob:
             self.engine,
             self.tokenizer,
             delegate,
-            temperature=self.cfg.planner.temperature,
+            temperature=self.m.spec.temperature,
             limits=self.limits,
         )
         rollout = agent.rollout(q.text)
         return rollout.transcript, rollout.delegations
 
-    def _rewards(self, questions: list[Question], transcripts: list[Transcript], delegations: list[list[Delegation]]
-                 ) -> tuple[list[float], list[float], list[QueryStats]]:  # fmt: skip
-        K = self.cfg.rollouts_per_query
-        rewards, correct, queries = [], [], []
-        for qi, q in enumerate(questions):
-            stats = []
-            for k in range(K):
-                tr, dels = transcripts[qi * K + k], delegations[qi * K + k]
-                c = self.task.correct(tr.final or "", q.answer) if tr.format_ok else 0.0
-                r = planner_reward(tr.format_ok, c)
-                rewards.append(r)
-                correct.append(c)
-                stats.append(RolloutStat(rollout=k, reward=r, correct=c, format_ok=tr.format_ok,
-                                         episode_ids=[d.episode_id for d in dels if d.episode_id]))  # fmt: skip
+    def _query_stats(self, samples: list[Sample], correct: list[float], delegations: list[list[Delegation]]) -> list[QueryStats]:  # fmt: skip
+        """The per-query outcomes the sub-agent's trainer reads (its rewards and alignment come from them)."""
+        K, out = self.cfg.rollouts_per_query, []
+        for qi in range(len(samples) // K):
+            stats = [RolloutStat(rollout=k, reward=samples[qi * K + k].reward, correct=correct[qi * K + k],
+                                 format_ok=samples[qi * K + k].transcript.format_ok,
+                                 episode_ids=episode_ids(delegations[qi * K + k])) for k in range(K)]  # fmt: skip
             rr = np.array([s.reward for s in stats])
-            queries.append(
-                QueryStats(
-                    query_id=f"q{qi}",
-                    rollouts=stats,
-                    reward_mean=float(rr.mean()),
-                    reward_std=float(rr.std()),
-                )
-            )
-        return rewards, correct, queries
+            out.append(QueryStats(query_id=samples[qi * K].group, rollouts=stats, reward_mean=float(rr.mean()),
+                                  reward_std=float(rr.std())))  # fmt: skip
+        return out
 
     def _wait_partner(self, step: int) -> None:
         if self.cfg.mode != "co_train":
             return  # main_only: the sub-agent never updates; single_agent: there is none
-        need = step - self.cfg.max_staleness
-        try:
-            self.store.policies.wait_for(self.job_id, "subagent", need, timeout_s=self.cfg.partner_timeout_s)
-        except PolicyTimeoutError as exc:
-            raise PartnerError(str(exc)) from exc
+        wait_applied(self.store, self.job_id, ("subagent",), step - 1 - self.cfg.max_staleness,
+                     timeout_s=self.cfg.partner_timeout_s)  # fmt: skip
 
     def _wait_partner_done(self) -> None:
         """The job is done when the sub-agent has consumed the last step too."""
-        if self.single:
-            return
-        last = self.cfg.steps - 1
-        deadline = time.monotonic() + self.cfg.partner_timeout_s
-        while not self.store.ledger.is_applied(self.job_id, "subagent", last):
-            if time.monotonic() > deadline:
-                raise PartnerError(
-                    f"the sub-agent trainer did not finish step {last} within {self.cfg.partner_timeout_s:.0f} s"
-                )
-            if self.store.jobs.cancel_requested(self.job_id):
-                raise JobCancelled()
-            time.sleep(0.05)
+        if not self.single:
+            wait_applied(
+                self.store,
+                self.job_id,
+                ("subagent",),
+                self.cfg.steps - 1,
+                timeout_s=self.cfg.partner_timeout_s,
+            )
 
     def close(self) -> None:
-        self.engine.close()
+        self.m.close()

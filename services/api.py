@@ -17,6 +17,7 @@ class JobView(BaseModel):
     created_at: float
     updated_at: float
     config: dict[str, Any]
+    roles: list[str] = Field(default_factory=list, description="The roles that run a trainer, root first.")
     steps_done: dict[str, int] = Field(
         default_factory=dict, description="Last step each role applied (-1: none)."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,7 +31,19 @@ def fail(message: str) -> typer.Exit:
 
 @app.command()
 def serve(
-    role: Annotated[str, typer.Argument(help="controller, planner or subagent")],
+    role: Annotated[
+        str,
+        typer.Argument(
+            help="controller, planner (a root role's trainer) or subagent (a callee role's trainer)"
+        ),
+    ],
+    as_role: Annotated[
+        str | None,
+        typer.Option(
+            "--role",
+            help="The workflow role it serves, e.g. solver, verifier, corrector (MGRPO_ROLE; default: planner / subagent).",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Bind address.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
@@ -50,6 +63,11 @@ def serve(
     from mgrpo.runtime import resolve_device
     from services.settings import get_settings
 
+    if as_role is not None:
+        if role == "controller":
+            raise fail("--role is for the trainer services (planner, subagent), not the controller")
+        os.environ["MGRPO_ROLE"] = as_role
+        get_settings.cache_clear()
     try:  # bad settings fail here, with their variable named, not inside uvicorn's start-up
         settings = get_settings()
         if role != "controller":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -49,6 +49,18 @@ def require_token(
 
 
 AuthDep = Depends(require_token)
+
+
+def running_job(request: Request) -> Any:
+    """The trainer service's running job; 503 with Retry-After while it runs none (callers retry)."""
+    job = getattr(request.app.state.runtime, "job", None)
+    if job is None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "this service is not running a job yet; submit one to the controller, or retry shortly",
+            headers={"Retry-After": "1"},
+        )
+    return job
 
 
 class _CountRequests:

@@ -18,7 +18,7 @@ from services.common import AuthDep, StoreDep, install_common
 from services.settings import get_settings
 from shared_store import Store, keys
 from shared_store.jobs import JobNotFoundError
-from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, PolicyVersion, decode
+from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, decode
 
 
 @asynccontextmanager
@@ -39,9 +39,10 @@ def job_view(store: Store, record: JobRecord) -> JobView:
         k.decode(): decode(MetricsEvent, v).values
         for k, v in cast(dict[bytes, bytes], store.client.hgetall(keys.metrics(jid))).items()
     }
-    versions = {r: v.version for r in keys.ROLES if (v := store.policies.get(jid, r)) is not None}
+    roles = record.roles or list(keys.ROLES)
+    versions = {r: v.version for r in roles if (v := store.policies.get(jid, r)) is not None}
     return JobView(**record.model_dump(include=set(JobView.model_fields) & set(record.model_fields)),
-                   steps_done={r: store.ledger.last_step(jid, r) for r in keys.ROLES},
+                   steps_done={r: store.ledger.last_step(jid, r) for r in roles},
                    policy_versions=versions, latest_metrics=latest)  # fmt: skip
 
 
@@ -60,8 +61,7 @@ def create_job(
         Query(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="Idempotency: reuse to get the same job."),
     ] = None,
 ) -> JobView:
-    roles: tuple[keys.Role, ...] = ("planner",) if config.mode == "single_agent" else keys.ROLES
-    record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=roles)
+    record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=config.trainer_roles)
     return job_view(store, record)
 
 
@@ -94,10 +94,7 @@ def job_metrics(job_id: str, store: StoreDep) -> MetricsList:
 @app.get("/v1/jobs/{job_id}/checkpoints", response_model=CheckpointList, tags=["jobs"])
 def job_checkpoints(job_id: str, store: StoreDep) -> CheckpointList:
     store.jobs.get(_checked(job_id))
-    found = [PolicyVersion(job_id=job_id, role=e.role, version=int(e.values.get("version", 0)), step=e.step,
-                           checkpoint=e.message, published_at=e.time)
-             for e in _events(store, job_id) if e.kind == "event" and e.values.get("checkpoint") == 1.0]  # fmt: skip
-    return CheckpointList(job_id=job_id, checkpoints=found)
+    return CheckpointList(job_id=job_id, checkpoints=store.policies.checkpoints(job_id))
 
 
 @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_class=StreamingResponse)

@@ -22,8 +22,10 @@ from rich.table import Table
 
 from mgrpo.config import JobConfig
 from mgrpo.models import load
-from mgrpo.runtime import job_task, warmstart_config
+from mgrpo.runtime import job_task, marsrl_warmstart_config, warmstart_config
 from mgrpo.warmstart import WarmstartConfig, WarmstartResult, cached_warmstart, evaluate_system
+from mgrpo.workflows.marsrl_warmstart import MarsWarmstart, MarsWarmstartConfig
+from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
 from services.launcher import LocalCluster
 
 HEADLINE = "heldout_stage2_T1"
@@ -53,6 +55,24 @@ def warmstart_with_progress(
     return result
 
 
+def marsrl_warmstart_with_progress(
+    cfg: MarsWarmstartConfig, cache_dir: Path, console: Console
+) -> MarsWarmstart:
+    with Progress(TextColumn("[bold]MarsRL warm start"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[info]}"), console=console) as bar:  # fmt: skip
+        task = bar.add_task("sft", total=cfg.steps, info="(cached runs skip this)")
+
+        def on_step(step: int, m: dict[str, float]) -> None:
+            info = "  ".join(f"{k.replace('/sft_loss', '')} {v:.2f}" for k, v in m.items())
+            bar.update(
+                task, completed=step + 1, info=info if step + 1 < cfg.steps else "evaluating held-out …"
+            )
+
+        result = cached_marsrl_warmstart(cfg, cache_dir, on_step=on_step)
+        bar.update(task, completed=cfg.steps, info="cached" if result.cached else "done")
+    return result
+
+
 def run_demo(
     out: Path,
     *,
@@ -65,8 +85,8 @@ def run_demo(
     console: Console,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    job = JobConfig(steps=steps, planner_optim={"lr": lr, "ppo_epochs": ppo_epochs},
-                    subagent_optim={"lr": lr, "ppo_epochs": ppo_epochs})  # fmt: skip
+    optim = {"optim": {"lr": lr, "ppo_epochs": ppo_epochs}}
+    job = JobConfig(steps=steps, roles={"planner": optim, "subagent": optim})
     warm = warmstart_with_progress(warmstart_config(job), cache_dir, console)
     cluster = LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())})
     console.print(
@@ -114,15 +134,17 @@ def run_train(
 ) -> dict[str, Any]:
     """`mgrpo train`: one job in the foreground on a local cluster; returns the finished job."""
     out.mkdir(parents=True, exist_ok=True)
-    if (
-        job.planner.preset is not None or job.subagent.preset is not None
+    if any(
+        job.model_of(r).preset is not None for r in job.flow.role_names
     ):  # warm-start here, with a progress bar
-        warmstart_with_progress(
-            warmstart_config(job), cache_dir, console, single_agent=job.mode == "single_agent"
-        )
-    with LocalCluster(
-        out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())}
-    ) as cluster:
+        if job.workflow == "marsrl":
+            marsrl_warmstart_with_progress(marsrl_warmstart_config(job), cache_dir, console)
+        else:
+            warmstart_with_progress(
+                warmstart_config(job), cache_dir, console, single_agent=job.mode == "single_agent"
+            )
+    with LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
+                      roles=job.trainer_roles) as cluster:  # fmt: skip
         base = cluster.url("controller")
         resp = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30)
         if resp.status_code != 201:
@@ -148,14 +170,25 @@ def _follow(base: str, job_id: str, steps: int, console: Console) -> dict[str, A
         task = bar.add_task(job_id, total=steps, info="loading models …")
         while True:
             job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
-            p, s = job["latest_metrics"].get("planner", {}), job["latest_metrics"].get("subagent", {})
+            root = (job["roles"] or ["planner"])[0]
+            p = job["latest_metrics"].get(root, {})
             if p:
-                info = (f"planner success {p['planner/success']:.2f} reward {p['planner/reward_mean']:.2f} | sub-agent reward "
-                        f"{s.get('subagent/reward_mean', 0):.2f} | step {p['timing/step']:.1f}s (rollout {p['timing/rollout']:.1f}s)")  # fmt: skip
-                bar.update(task, completed=job["steps_done"]["planner"] + 1, info=info)
+                bar.update(task, completed=job["steps_done"][root] + 1, info=progress_line(p))
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return dict(job)
             time.sleep(1.0)
+
+
+def progress_line(root: dict[str, float]) -> str:
+    """The live line of a job: each role's mean reward (and the root's success or accuracy), the step time."""
+    roles = sorted({k.split("/")[0] for k in root if k.endswith("/reward_mean")})
+    parts = []
+    for r in roles:
+        extra = root.get(f"{r}/success", root.get(f"{r}/accuracy"))
+        parts.append(
+            f"{r} reward {root[f'{r}/reward_mean']:.2f}" + (f" acc {extra:.2f}" if extra is not None else "")
+        )
+    return " | ".join(parts) + f" | step {root['timing/step']:.1f}s (rollout {root['timing/rollout']:.1f}s)"
 
 
 def _rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

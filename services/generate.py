@@ -23,12 +23,18 @@ def generate_with(
                             policy_version=version)  # fmt: skip
 
 
-class _RunningJob(Protocol):
-    job_id: str
-    version: int
+class _RoleModel(Protocol):
     engine: RolloutEngine
     tokenizer: PreTrainedTokenizerBase
     model: Any
+
+
+class _RunningJob(Protocol):
+    job_id: str
+    m: _RoleModel
+
+    @property
+    def version(self) -> int: ...
 
 
 def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _RunningJob | None]) -> None:
@@ -41,7 +47,7 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"the {role} service is not running a job; submit one first"
             )
-        return generate_with(job.engine, job.tokenizer, body, job.version)
+        return generate_with(job.m.engine, job.m.tokenizer, body, job.version)
 
     @app.get("/v1/policy", response_model=PolicyView, tags=[role])
     def policy(request: Request) -> PolicyView:
@@ -53,6 +59,6 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
             job_id=job.job_id,
             version=job.version,
             step=job.version - 1,
-            model=type(job.model).__name__,
-            device=str(job.model.device),
+            model=type(job.m.model).__name__,
+            device=str(job.m.model.device),
         )

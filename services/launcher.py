@@ -1,11 +1,16 @@
-"""A local cluster: (embedded Redis) + controller + planner + sub-agent, each its own OS process.
+"""A local cluster: (embedded Redis) + controller + one trainer service per role, each its own OS
+process.
 
-Used by `mgrpo local up`, `mgrpo demo` and the end-to-end tests. Each service is started with
-`python -m services.cli serve <role>` and its log goes to `<run_dir>/logs/<role>.log`.
+Used by `mgrpo local up`, `mgrpo demo` and the end-to-end tests. `roles` lists the workflow roles
+that run a trainer, root first (default: deep_research's planner and sub-agent; marsrl: solver,
+verifier, corrector, or just solver when the others share its model). The root is started with
+`python -m services.cli serve planner --role <root>`, every other role with `serve subagent --role
+<role>`; the root finds them through MGRPO_ROLE_URLS. Each log goes to `<run_dir>/logs/<role>.log`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +23,14 @@ import httpx
 
 from shared_store.embedded import RedisServer, free_port
 
-ROLES = ("controller", "planner", "subagent")
+ROLES = ("planner", "subagent")  # deep_research's trainer roles, the default
+
+
+def workflow_roles(workflow: str, *, shared: bool = False) -> tuple[str, ...]:
+    """The trainer roles of a built-in workflow's cluster (`shared`: marsrl with one model for all roles)."""
+    if workflow == "marsrl":
+        return ("solver",) if shared else ("solver", "verifier", "corrector")
+    return ROLES
 
 
 @dataclass
@@ -28,6 +40,7 @@ class LocalCluster:
     api_token: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per role, over extra_env
+    roles: tuple[str, ...] = ROLES  # trainer roles, root first
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
@@ -42,18 +55,28 @@ class LocalCluster:
             self.redis = RedisServer(self.run_dir / "redis", appendonly=True)
             self.redis.start()
             self.redis_url = self.redis.url
-        self.ports = self.ports or {r: free_port() for r in ROLES}
-        for role in ROLES:
+        self.ports = self.ports or {r: free_port() for r in self.services}
+        for role in self.services:
             self.start_role(role)
         self.wait_ready(timeout_s)
         return self
 
+    @property
+    def services(self) -> tuple[str, ...]:
+        return ("controller", *self.roles)
+
+    def kind(self, role: str) -> str:
+        return "controller" if role == "controller" else "planner" if role == self.roles[0] else "subagent"
+
     def env(self, role: str) -> dict[str, str]:
+        callees = {r: self.url(r) for r in self.roles[1:]}
         return {
             **os.environ,
             "REDIS_URL": self.redis_url or "",
             "MGRPO_API_TOKEN": self.api_token,
-            "MGRPO_SUBAGENT_URL": self.url("subagent"),
+            "MGRPO_ROLE": "" if role == "controller" else role,
+            "MGRPO_ROLE_URLS": json.dumps(callees),
+            "MGRPO_SUBAGENT_URL": callees.get("subagent", ""),
             "MGRPO_CHECKPOINT_DIR": str(self.run_dir / "checkpoints" / role),
             "MGRPO_CONSUMER_NAME": f"local-{role}",
             "PYTHONUNBUFFERED": "1",
@@ -68,7 +91,7 @@ class LocalCluster:
             "-m",
             "services.cli",
             "serve",
-            role,
+            self.kind(role),
             "--host",
             "127.0.0.1",
             "--port",
@@ -77,9 +100,9 @@ class LocalCluster:
         self.procs[role] = subprocess.Popen(cmd, env=self.env(role), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)  # fmt: skip
 
-    def wait_ready(self, timeout_s: float, roles: tuple[str, ...] = ROLES) -> None:
+    def wait_ready(self, timeout_s: float, roles: tuple[str, ...] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        for role in roles:
+        for role in roles or self.services:
             while True:
                 proc = self.procs[role]
                 if proc.poll() is not None:

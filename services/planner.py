@@ -1,51 +1,50 @@
-"""The planner service: its job worker runs the planner step loop (rollouts with delegation over
-HTTP, rewards, statistics to Redis, update); `POST /v1/rollouts` and `POST /v1/generate` use the
-current policy of the running job."""
+"""The root-role service (the planner of deep_research, the solver of marsrl): its job worker runs
+the root trainer's step loop (rollouts that call the other roles' services over HTTP, rewards,
+statistics or scored batches to Redis, update); `POST /v1/rollouts` (deep_research) and
+`POST /v1/generate` use the current policy of the running job."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, HTTPException, Request, status
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request, status
 
 from mgrpo.agents.agents import Delegation, PlannerAgent
 from mgrpo.config import JobConfig
 from mgrpo.runtime import resolve_device
 from planner_trainer.delegate import SubagentClient
 from planner_trainer.job import PlannerJob
-from services.api import (
-    RolloutRequest,
-    RolloutResponse,
-    RolloutView,
-)
-from services.common import AuthDep, install_common
+from planner_trainer.marsrl import MarsRootJob
+from services.api import RolloutRequest, RolloutResponse, RolloutView
+from services.common import AuthDep, install_common, running_job
 from services.generate import add_policy_routes
 from services.settings import get_settings
-from services.worker import trainer_lifespan
+from services.worker import service_role, trainer_lifespan
 from shared_store import Store
+
+ROLE = service_role("planner")
 
 
 class PlannerRuntime:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.settings = get_settings()
-        self.job: PlannerJob | None = None
+        self.job: PlannerJob | MarsRootJob | None = None
 
     def run_job(self, job_id: str, cfg: JobConfig) -> bool:
-        s = self.settings
-        client = (
-            None
-            if cfg.mode == "single_agent"
-            else SubagentClient(s.subagent_url, s.api_token, timeout_s=cfg.partner_timeout_s)
-        )
-        job = PlannerJob(
-            self.store,
-            job_id,
-            cfg,
-            cache_dir=s.cache_dir,
-            checkpoint_dir=s.checkpoint_dir,
-            subagent=client,
-            device=resolve_device(s.device),
-            sglang_url=s.sglang_url,
-        )
+        s, root = self.settings, cfg.flow.root
+        if root != ROLE:
+            raise ValueError(
+                f"this service serves role {ROLE!r}, but the job's root role is {root!r}; start it with --role {root}"
+            )
+        clients = {r: self._client(r, cfg) for r in cfg.trainer_roles if r != root}
+        common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
+                                      device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
+        job: PlannerJob | MarsRootJob
+        if cfg.workflow == "marsrl":
+            job = MarsRootJob(self.store, job_id, cfg, callees=clients, **common)
+        else:
+            job = PlannerJob(self.store, job_id, cfg, subagent=clients.get("subagent"), **common)
         self.job = job
         try:
             job.run()
@@ -53,30 +52,34 @@ class PlannerRuntime:
         finally:
             self.job = None
             job.close()
-            if client is not None:
-                client.close()
+            for c in clients.values():
+                c.close()
+
+    def _client(self, role: str, cfg: JobConfig) -> SubagentClient:
+        url = self.settings.callee_url(role)
+        if url is None:
+            raise ValueError(
+                f'no URL for the {role} service: set MGRPO_ROLE_URLS=\'{{"{role}": "http://…"}}\''
+            )
+        return SubagentClient(url, self.settings.api_token, timeout_s=cfg.partner_timeout_s)
 
 
-lifespan = trainer_lifespan("planner", PlannerRuntime, threads=256)
+lifespan = trainer_lifespan(ROLE, PlannerRuntime, threads=256)
 
-app = FastAPI(title="mgrpo planner", version="0.1.0", lifespan=lifespan,
-              description="The planner trainer: rollouts with delegation, statistics, updates.")  # fmt: skip
-install_common(app, "planner")
-
-
-def _job(request: Request) -> PlannerJob:
-    job: PlannerJob | None = request.app.state.runtime.job
-    if job is None:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, "the planner service is not running a job; submit one first"
-        )
-    return job
+app = FastAPI(title=f"mgrpo {ROLE}", version="0.1.0", lifespan=lifespan,
+              description="The root-role trainer: rollouts that call the other roles, rewards, updates.")  # fmt: skip
+install_common(app, ROLE)
+JobDep = Annotated[Any, Depends(running_job)]
 
 
 @app.post("/v1/rollouts", response_model=RolloutResponse, dependencies=[AuthDep], tags=["planner"])
-def rollouts(body: RolloutRequest, request: Request) -> RolloutResponse:
-    """K rollouts of one question with the current planner policy (delegations are not recorded)."""
-    job = _job(request)
+def rollouts(body: RolloutRequest, job: JobDep) -> RolloutResponse:
+    """K rollouts of one question with the current planner policy (deep_research; delegations are not recorded)."""
+    if not isinstance(job, PlannerJob):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            "/v1/rollouts serves deep_research jobs; this job's workflow has no planner",
+        )
     client = job.subagent
 
     def delegate(subtask: str) -> Delegation:
@@ -105,4 +108,8 @@ def _probe(job: PlannerJob, client: SubagentClient, subtask: str) -> Delegation:
     return client.episode(body)
 
 
-add_policy_routes(app, "planner", lambda request: request.app.state.runtime.job)
+def _current(request: Request) -> Any:
+    return request.app.state.runtime.job
+
+
+add_policy_routes(app, ROLE, _current)

@@ -1,7 +1,7 @@
 """Service settings from the environment (pydantic-settings), behind a cached getter.
 
 The same names are used by the compose file and the Helm values: `REDIS_URL`, `MGRPO_API_TOKEN`,
-`MGRPO_SUBAGENT_URL`, `MGRPO_CHECKPOINT_DIR`, `MGRPO_CACHE_DIR`, `MGRPO_CONSUMER_NAME`, …
+`MGRPO_SUBAGENT_URL`, `MGRPO_ROLE`, `MGRPO_ROLE_URLS`, `MGRPO_CHECKPOINT_DIR`, `MGRPO_CACHE_DIR`, `MGRPO_CONSUMER_NAME`, …
 """
 
 from __future__ import annotations
@@ -26,6 +26,15 @@ class Settings(BaseSettings):
     subagent_url: str = Field(
         "http://127.0.0.1:8002", description="Where the planner reaches the sub-agent service."
     )
+    role: str = Field(
+        "",
+        pattern=r"^([a-z][a-z0-9_]{0,31})?$",
+        description="The workflow role this trainer service serves and trains ('' = the service kind: planner or subagent); e.g. solver, verifier, corrector.",
+    )
+    role_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description='Where the root trainer reaches each callee role\'s service, as JSON: {"verifier": "http://…", "corrector": "http://…"} (the sub-agent falls back to MGRPO_SUBAGENT_URL).',
+    )
     checkpoint_dir: Path = Field(Path("checkpoints"), description="This service's checkpoint volume.")
     cache_dir: Path = Field(Path(".cache/mgrpo"), description="Warm-start cache.")
     consumer_name: str = Field(
@@ -45,6 +54,9 @@ class Settings(BaseSettings):
         pattern=r"^(cpu|auto|cuda(:\d+)?)$",
         description="Where a trainer keeps its model, rolls out and trains: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU).",
     )
+
+    def callee_url(self, role: str) -> str | None:
+        return self.role_urls.get(role) or (self.subagent_url if role == "subagent" else None)
 
 
 @lru_cache

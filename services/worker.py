@@ -74,6 +74,11 @@ class JobWorker:
             self.store.jobs.transition(job_id, status, reason)  # type: ignore[arg-type]
 
 
+def service_role(kind: str) -> str:
+    """The workflow role a trainer service of this kind serves: MGRPO_ROLE, else the kind's name."""
+    return get_settings().role or kind
+
+
 def trainer_lifespan(
     role: keys.Role, make_runtime: Callable[[Store], Any], *, threads: int
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:

@@ -73,12 +73,14 @@ class JobRegistry:
     def create(
         self, config: dict[str, Any], job_id: str | None = None, *, roles: tuple[keys.Role, ...] = keys.ROLES
     ) -> tuple[JobRecord, bool]:
-        """Create a queued job and dispatch it to `roles`. Same id + same config → (existing, False)."""
+        """Create a queued job and dispatch it to `roles` (the roles that run a trainer, root first; the
+        record keeps them). Same id + same config → (existing, False)."""
+        roles = tuple(keys.check_role(r) for r in roles)
         jid = keys.check_id("job id", job_id) if job_id else f"job-{uuid.uuid4().hex[:12]}"
         now = time.time()
         config_json = json.dumps(config, sort_keys=True)
         fields = {"job_id": jid, "status": "queued", "config": config_json, "created_at": now,
-                  "updated_at": now, "reason": "", "cancel_requested": 0, "dispatched": 0}  # fmt: skip
+                  "updated_at": now, "reason": "", "cancel_requested": 0, "dispatched": 0, "roles": json.dumps(roles)}  # fmt: skip
         flat = [str(x) for kv in fields.items() for x in kv]
         created = bool(self._create(keys=[keys.job(jid)], args=flat))
         record = self.get(jid)
@@ -105,7 +107,7 @@ class JobRegistry:
         return JobRecord(
             job_id=h["job_id"], status=h["status"], config=json.loads(h["config"]),
             created_at=float(h["created_at"]), updated_at=float(h["updated_at"]), reason=h.get("reason", ""),
-            cancel_requested=h.get("cancel_requested") == "1",
+            cancel_requested=h.get("cancel_requested") == "1", roles=json.loads(h.get("roles", "[]")),
         )  # fmt: skip
 
     def list(self, *, offset: int = 0, limit: int = 50) -> tuple[list[JobRecord], int]:

@@ -9,17 +9,20 @@ trim/TTL rule.
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 PREFIX = "mgrpo:v1"
-Role = Literal["planner", "subagent"]
-ROLES: tuple[Role, ...] = ("planner", "subagent")
-# Stream names of one job (the `<noun>` of `mgrpo:v1:{job}:stream:<noun>`).
-StreamName = Literal["planner_stats", "subagent_stats", "manifests", "events"]
-STREAMS: tuple[StreamName, ...] = ("planner_stats", "subagent_stats", "manifests", "events")
-# The per-step ones (a message per step, consumed by the other role; GC trims them); `events` is the
+# A role is a name a workflow declares (`planner`, `subagent`, `solver`, `verifier`, …): roles are data.
+Role = str
+ROLES: tuple[Role, ...] = ("planner", "subagent")  # the deep-research workflow's roles (the default)
+# Stream names of one job (the `<noun>` of `mgrpo:v1:{job}:stream:<noun>`): `planner_stats` (the
+# deep-research planner's per-query outcomes, read by its sub-agent trainer), `batch.<role>` (a root
+# trainer's scored, grouped episodes of one callee role, read by that role's trainer) and `events`.
+StreamName = str
+STREAMS: tuple[StreamName, ...] = ("planner_stats", "events")
+# The per-step ones (a message per step, consumed by another role; GC trims them); `events` is the
 # job's metrics log and stays.
-STEP_STREAMS: tuple[StreamName, ...] = ("planner_stats", "subagent_stats", "manifests")
+STEP_STREAMS: tuple[StreamName, ...] = ("planner_stats",)
+_ROLE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 _ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -29,6 +32,29 @@ def check_id(kind: str, value: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise ValueError(f"{kind} {value!r} is invalid: use 1-128 letters, digits, '_', '.' or '-'")
     return value
+
+
+def check_role(role: str) -> str:
+    """Role names become parts of keys and hash fields: a lower-case letter, then [a-z0-9_], ≤ 32."""
+    if not isinstance(role, str) or not _ROLE.match(role):
+        raise ValueError(f"role {role!r} is invalid: use a lower-case letter then up to 31 of a-z, 0-9, '_'")
+    return role
+
+
+def batch_stream(role: str) -> StreamName:
+    """The stream name of a callee role's scored batches (`batch.<role>`)."""
+    return f"batch.{check_role(role)}"
+
+
+def step_streams(roles: tuple[str, ...]) -> tuple[StreamName, ...]:
+    """Every per-step stream a job with these roles may have."""
+    return (*STEP_STREAMS, *(batch_stream(r) for r in roles))
+
+
+def _check_stream(name: str) -> str:
+    if name in STREAMS or (name.startswith("batch.") and check_role(name[6:])):
+        return name
+    raise ValueError(f"stream must be one of {STREAMS} or batch.<role>, got {name!r}")
 
 
 def _job(job_id: str) -> str:
@@ -43,9 +69,7 @@ def jobs_index() -> str:
 
 def dispatch(role: Role) -> str:
     """STREAM of JobDispatch messages for one trainer role."""
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    return f"{PREFIX}:dispatch:{role}"
+    return f"{PREFIX}:dispatch:{check_role(role)}"
 
 
 # ---- one job ----------------------------------------------------------------------------------
@@ -55,19 +79,17 @@ def job(job_id: str) -> str:
 
 
 def stream(job_id: str, name: StreamName) -> str:
-    """STREAM of one job: planner_stats, subagent_stats, manifests or events."""
-    if name not in STREAMS:
-        raise ValueError(f"stream must be one of {STREAMS}, got {name!r}")
-    return f"{_job(job_id)}:stream:{name}"
+    """STREAM of one job: planner_stats, batch.<role> or events."""
+    return f"{_job(job_id)}:stream:{_check_stream(name)}"
 
 
 def step_record(job_id: str, name: StreamName, step: int) -> str:
     """STRING: the message of `name` for one step, for random access beside the stream entry."""
-    return f"{_job(job_id)}:{name}:{int(step)}"
+    return f"{_job(job_id)}:{_check_stream(name)}:{int(step)}"
 
 
 def step_episodes(job_id: str, step: int) -> str:
-    """HASH episode_id → episode blob: every sub-agent episode of one step (GC deletes it whole)."""
+    """HASH episode_id → episode blob: every callee episode of one step, all roles (GC deletes it whole)."""
     return f"{_job(job_id)}:episodes:{int(step)}"
 
 
@@ -89,6 +111,11 @@ def progress(job_id: str) -> str:
 def policy(job_id: str) -> str:
     """HASH role → PolicyVersion JSON."""
     return f"{_job(job_id)}:policy"
+
+
+def checkpoints(job_id: str) -> str:
+    """LIST of PolicyVersion JSON: every checkpoint a trainer of the job published, in order."""
+    return f"{_job(job_id)}:checkpoints"
 
 
 def metrics(job_id: str) -> str:

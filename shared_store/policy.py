@@ -21,6 +21,9 @@ return 0
 """
 
 
+CHECKPOINTS_KEPT = 10_000  # the job's checkpoint records (history, like the metrics stream)
+
+
 class PolicyTimeoutError(TimeoutError):
     pass
 
@@ -30,7 +33,20 @@ class PolicyRegistry:
         self.r = client
 
     def publish(self, version: PolicyVersion) -> None:
-        self.r.hset(keys.policy(version.job_id), version.role, encode(version))
+        """The role's current version; one with a checkpoint is also recorded in the job's checkpoint list."""
+        raw = encode(version)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(keys.policy(version.job_id), version.role, raw)
+        if version.checkpoint:
+            pipe.rpush(keys.checkpoints(version.job_id), raw)
+            pipe.ltrim(keys.checkpoints(version.job_id), -CHECKPOINTS_KEPT, -1)
+        pipe.execute()
+
+    def checkpoints(self, job_id: str) -> list[PolicyVersion]:
+        return [
+            decode(PolicyVersion, raw)
+            for raw in cast(list[bytes], self.r.lrange(keys.checkpoints(job_id), 0, -1))
+        ]
 
     def get(self, job_id: str, role: keys.Role) -> PolicyVersion | None:
         raw = self.r.hget(keys.policy(job_id), role)
@@ -56,7 +72,7 @@ class PolicyRegistry:
 
 
 class Progress:
-    """Each role's last completed step; steps both roles passed are garbage-collected."""
+    """Each role's last completed step; steps every role of the job passed are garbage-collected."""
 
     def __init__(self, client: redis.Redis, episodes: EpisodeStore) -> None:
         self.r = client
@@ -79,9 +95,9 @@ class Progress:
         last = done - keep_steps
         for step in range(first, last + 1):
             self.episodes.delete_step(job_id, step)
-            self.r.delete(*(keys.step_record(job_id, n, step) for n in keys.STREAMS))
+            self.r.delete(*(keys.step_record(job_id, n, step) for n in keys.step_streams(roles)))
         if last >= first:
-            for name in keys.STEP_STREAMS:  # consumed by every role: the entries are history now
+            for name in keys.step_streams(roles):  # consumed by every role: the entries are history now
                 trim_through_step(self.r, keys.stream(job_id, name), last)
             self.r.hset(keys.progress(job_id), "gc", last)
         return max(0, last - first + 1)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared_store.keys import Role, check_id
+from shared_store.keys import check_id, check_role
 
 SCHEMA_VERSION = 1
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-AlignMode = Literal["duplicate_drop", "none"]
+RoleName = Annotated[str, AfterValidator(check_role)]
 
 
 class SchemaVersionError(ValueError):
@@ -67,6 +67,7 @@ class JobRecord(WireModel):
     updated_at: float
     reason: str = ""
     cancel_requested: bool = False
+    roles: list[RoleName] = Field(default_factory=list)  # the roles that run a trainer, root first
 
     @classmethod
     def identity(cls, data: dict[str, Any]) -> str:
@@ -77,7 +78,7 @@ class JobDispatch(WireModel):
     """'Start this job' for one trainer role (global dispatch stream of that role)."""
 
     job_id: str
-    role: Role
+    role: RoleName
 
     @classmethod
     def identity(cls, data: dict[str, Any]) -> str:
@@ -108,51 +109,40 @@ class PlannerStepStats(StepMessage):
     queries: list[QueryStats]
 
 
-class SubagentQueryStats(BaseModel):
+class ScoredEpisode(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    query_id: str
-    n_episodes: int = Field(ge=0)
-    n_samples: int = Field(ge=0)
-    reward_mean: float
-    reward_std: float
+    episode_id: str
+    reward: float  # NaN = unscorable
 
 
-class SubagentStepStats(StepMessage):
-    """Sub-agent → planner and controller: the pooled sub-agent group statistics of one step."""
+class EpisodeGroup(BaseModel):
+    """One GRPO group of a role: episodes that share one input."""
 
-    queries: list[SubagentQueryStats]
-    queries_without_episodes: int = Field(ge=0, default=0)
-
-
-class AlignedQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    query_id: str
-    slots: list[list[str]]  # (K, D) episode ids, duplicates allowed
-    advantages: list[list[float]]  # (K, D)
-
-    @model_validator(mode="after")
-    def _same_shape(self) -> AlignedQuery:
-        if [len(s) for s in self.slots] != [len(a) for a in self.advantages]:
-            raise ValueError("slots and advantages must have the same (K, D) shape")
-        return self
+    group: str
+    episodes: list[ScoredEpisode]
 
 
-class AlignedBatchManifest(StepMessage):
-    """The aligned sub-agent batch of one step: which episode fills each slot, with its advantage."""
+class RoleBatch(StepMessage):
+    """Root trainer → a callee role's trainer: that role's episodes of one step, scored and grouped
+    (workflows whose root scores every role, e.g. MarsRL)."""
 
-    mode: AlignMode
-    slots_per_rollout: int = Field(ge=1)
-    queries: list[AlignedQuery]
+    role: RoleName
+    groups: list[EpisodeGroup]
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"RoleBatch:{data.get('job_id', '')}:{data.get('role', '')}:{data.get('step', '')}"
 
 
 # ---- episodes, policies, metrics, ledger -------------------------------------------------------------
 def episode_id(step: int, query_id: str, rollout: int, call: int) -> str:
-    """The id of one sub-agent episode: (step, query, rollout, call)."""
+    """The id of one callee episode: (step, query or group, rollout, call)."""
     return check_id("episode id", f"s{int(step)}-{query_id}-r{int(rollout)}-c{int(call)}")
 
 
 class EpisodeMeta(StepMessage):
-    """Metadata of one sub-agent episode; its arrays travel as bytes beside it (see codec)."""
+    """Metadata of one callee episode (a sub-agent's, a verifier's, …); its arrays travel as bytes beside it (see codec)."""
 
     episode_id: str
     query_id: str
@@ -173,7 +163,7 @@ class EpisodeMeta(StepMessage):
 
 class PolicyVersion(WireModel):
     job_id: str
-    role: Role
+    role: RoleName
     version: int = Field(ge=0)
     step: int = Field(ge=-1)
     checkpoint: str = ""
@@ -189,7 +179,7 @@ class MetricsEvent(WireModel):
 
     job_id: str
     step: int = Field(ge=-1)
-    role: Literal["planner", "subagent", "controller"]
+    role: RoleName  # a workflow role, or "controller"
     kind: Literal["metrics", "event"] = "metrics"
     values: dict[str, float] = Field(default_factory=dict)
     message: str = ""
@@ -204,7 +194,7 @@ class LedgerEntry(WireModel):
     """'Role R applied step S of job J' — written once, when the step's effect is durable."""
 
     job_id: str
-    role: Role
+    role: RoleName
     step: int = Field(ge=0)
     policy_version: int = Field(ge=0)
     consumer: str = ""

@@ -11,6 +11,7 @@ from shared_store.episodes import EpisodeStore
 from shared_store.jobs import JobRegistry
 from shared_store.ledger import StepLedger
 from shared_store.policy import PolicyRegistry, Progress
+from shared_store.schemas import LedgerEntry, PolicyVersion
 
 
 @dataclass
@@ -28,6 +29,17 @@ class Store:
         self.ledger = StepLedger(self.client)
         self.policies = PolicyRegistry(self.client)
         self.progress = Progress(self.client, self.episodes)
+
+    def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
+        """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy
+        version (and checkpoint record), its progress, and garbage collection of the steps every one
+        of the job's `roles` finished."""
+        if ledger:
+            self.ledger.mark(LedgerEntry(job_id=version.job_id, role=version.role, step=version.step,
+                                         policy_version=version.version))  # fmt: skip
+        self.policies.publish(version)
+        self.progress.advance(version.job_id, version.role, version.step)
+        self.progress.collect(version.job_id, keep_steps=1, roles=roles)
 
     @classmethod
     def connect(cls, url: str | None = None, *, wait_s: float = 30.0) -> Store:

@@ -178,7 +178,9 @@ class TurnAgent:
     def __init__(self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, *, temperature: float = 1.0,
                  max_new_tokens: int = 48) -> None:  # fmt: skip
         self.engine, self.tokenizer = engine, tokenizer
-        self.params = SamplingParams(max_new_tokens, temperature, stop_token_ids=_stop_ids(tokenizer, ("</answer>",)))
+        self.params = SamplingParams(
+            max_new_tokens, temperature, stop_token_ids=_stop_ids(tokenizer, ("</answer>",))
+        )
 
     def sample(self, prompt: str, n: int, *, seed: int | None = None) -> list[tuple[str, Transcript]]:
         """`n` turns on one prompt, sampled concurrently; with `seed`, turn i uses seed + i."""
@@ -186,7 +188,9 @@ class TurnAgent:
         if seed is None:
             samples = self.engine.generate([ids] * n, self.params)
         else:
-            samples = [s for i in range(n) for s in self.engine.generate([ids], _seeded(self.params, seed + i))]
+            samples = [
+                s for i in range(n) for s in self.engine.generate([ids], _seeded(self.params, seed + i))
+            ]
         out = []
         for s in samples:
             tr = Transcript.start(ids)

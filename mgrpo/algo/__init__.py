@@ -22,9 +22,9 @@ from mgrpo.algo.rewards import (
 from mgrpo.algo.selection import select_inputs
 
 __all__ = [
-    "answer_reward",
     "align_episodes",
     "alignment_seed",
+    "answer_reward",
     "group_advantages",
     "normalize_answer",
     "planner_reward",

@@ -26,7 +26,9 @@ Strategy = Literal["adaptive", "balanced", "random"]
 STRATEGIES: tuple[Strategy, ...] = ("adaptive", "balanced", "random")
 
 
-def select_inputs(rewards: Sequence[float], k: int, strategy: Strategy, *, prefer: float, seed: int) -> list[int]:
+def select_inputs(
+    rewards: Sequence[float], k: int, strategy: Strategy, *, prefer: float, seed: int
+) -> list[int]:
     """Indices of the `k` candidates (by their rewards ∈ {0, 1}) the next agent takes."""
     if strategy not in STRATEGIES:
         raise ValueError(f"selection strategy must be one of {STRATEGIES}, got {strategy!r}")

@@ -88,7 +88,7 @@ def make_problems(split: str, n: int, *, seed: int = 0, n_ops: int = 2) -> list[
     """`n` distinct problems of one split ('train' or 'heldout'), the same for the same seed."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    rng, seen, out = random.Random(f"arith:{seed}:{n_ops}:{split}"), set(), []
+    rng, seen, out = random.Random(f"arith:{seed}:{n_ops}:{split}"), set(), list[Problem]()
     for _ in range(200 * n + 1000):
         text, start, ops = _draw(rng, n_ops)
         if text in seen or split_of(text) != split:

@@ -30,7 +30,9 @@ class Workflow:
         for r in self.roles:
             if r.name == name:
                 return r
-        raise ValueError(f"the workflow {self.name!r} has no role {name!r}; its roles are {', '.join(self.role_names)}")
+        raise ValueError(
+            f"the workflow {self.name!r} has no role {name!r}; its roles are {', '.join(self.role_names)}"
+        )
 
     @property
     def callees(self) -> tuple[str, ...]:

@@ -86,7 +86,10 @@ class MarsSettings:
 
 
 def _attempts(run: Run, role: str, group: str, prompt: str, n: int, parent: Attempt | None) -> list[Attempt]:
-    out = [Attempt(role, group, prompt, parse_turn(o.text), o.ref, parent=parent) for o in run(role, prompt, n, group)]
+    out = [
+        Attempt(role, group, prompt, parse_turn(o.text), o.ref, parent=parent)
+        for o in run(role, prompt, n, group)
+    ]
     if parent is not None:
         parent.children.extend(out)
     return out
@@ -98,7 +101,9 @@ def _score_answers(problem: Problem, attempts: list[Attempt]) -> None:
         a.reward = answer_reward(a.turn.format_ok, a.correct)
 
 
-def _verify(problem: Problem, run: Run, solutions: list[Attempt], s: MarsSettings, tag: str, step: int) -> list[Attempt]:
+def _verify(
+    problem: Problem, run: Run, solutions: list[Attempt], s: MarsSettings, tag: str, step: int
+) -> list[Attempt]:
     seed = alignment_seed(s.seed, step, f"{problem.pid}:{tag}")
     chosen = select_inputs([a.reward for a in solutions], s.select_k, s.selection, prefer=0.0, seed=seed)
     reports: list[Attempt] = []
@@ -112,7 +117,9 @@ def _verify(problem: Problem, run: Run, solutions: list[Attempt], s: MarsSetting
     return reports
 
 
-def _correct(problem: Problem, run: Run, reports: list[Attempt], s: MarsSettings, tag: str, step: int) -> list[Attempt]:
+def _correct(
+    problem: Problem, run: Run, reports: list[Attempt], s: MarsSettings, tag: str, step: int
+) -> list[Attempt]:
     flagged = [v for v in reports if v.verdict is False]
     seed = alignment_seed(s.seed, step, f"{problem.pid}:{tag}")
     chosen = select_inputs([v.reward for v in flagged], s.select_k, s.selection, prefer=1.0, seed=seed)
@@ -184,7 +191,9 @@ def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations
     current, passes, first_verdict = 0, 0, None
     for it in range(max_iterations):
         sol = candidates[current][0]
-        report = parse_turn(run("verifier", verifier_prompt(problem.text, sol.shown()), 1, f"eval.V{it}")[0].text)
+        report = parse_turn(
+            run("verifier", verifier_prompt(problem.text, sol.shown()), 1, f"eval.V{it}")[0].text
+        )
         verdict = parse_verdict(report.answer) if report.format_ok else None
         first_verdict = verdict if it == 0 else first_verdict
         if verdict:
@@ -194,7 +203,9 @@ def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations
                 return _vc(problem, first, sol, first_verdict, it + 1)
             continue
         passes = 0
-        revised = run("corrector", corrector_prompt(problem.text, sol.shown(), report.think), 1, f"eval.C{it}")[0].text
+        revised = run(
+            "corrector", corrector_prompt(problem.text, sol.shown(), report.think), 1, f"eval.C{it}"
+        )[0].text
         candidates.append((parse_turn(revised), 0))
         current = len(candidates) - 1
     best = max(range(len(candidates)), key=lambda i: (candidates[i][1], -i))

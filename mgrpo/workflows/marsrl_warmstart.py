@@ -4,7 +4,8 @@ each) and of one shared model (all three roles' demonstrations), stopped early s
 Demonstrations (`mgrpo.tasks.arithmetic`): the solver writes the correct steps; the verifier reviews a
 correct or a corrupted solution (half each) and writes the step-by-step report and the verdict; the
 corrector revises a corrupted solution given its report into the correct one. One tokenizer serves
-all models. Cached like the deep-research warm start: `cache_dir/marsrl-<config key>`, the key
+all models; the shared model's batch holds one batch of each role (as the three distinct models'
+batches together). Cached like the deep-research warm start: `cache_dir/marsrl-<config key>`, the key
 covering the config and `DEMO_VERSION`.
 """
 
@@ -54,7 +55,7 @@ class MarsWarmstartConfig:
     corrector_preset: str = "tiny"
     shared_preset: str = "tiny"
     vocab: int = 320
-    steps: int = 150  # early stop: the solver's held-out accuracy lands in the 15-50 % band (README)
+    steps: int = 400  # early stop: the solver's held-out accuracy lands in the 15-50 % band (README)
     batch_size: int = 32
     lr: float = 3e-3
     n_ops: int = 2
@@ -108,7 +109,7 @@ def run_warmstart(cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int
         for role in ROLES:
             batch = [demo(role, p, tok, rng) for p in rng.sample(problems, cfg.batch_size)]
             losses[f"{role}/sft_loss"] = _sft(models[role], opts[role], tok, batch)
-        mixed = [demo(rng.choice(ROLES), p, tok, rng) for p in rng.sample(problems, cfg.batch_size)]
+        mixed = [demo(role, p, tok, rng) for role in ROLES for p in rng.sample(problems, cfg.batch_size)]
         losses["shared/sft_loss"] = _sft(models["shared"], opts["shared"], tok, mixed)
         if on_step:
             on_step(step, losses)
@@ -135,7 +136,9 @@ def evaluate_models(
 ) -> dict[str, dict[str, float]]:
     """The V–C evaluation (`marsrl.evaluate`) on the same seeded held-out problems, for the three
     distinct models and, when given, the shared one."""
-    problems = make_problems("heldout", n_problems or cfg.eval_problems, seed=1000 + cfg.seed, n_ops=cfg.n_ops)
+    problems = make_problems(
+        "heldout", n_problems or cfg.eval_problems, seed=1000 + cfg.seed, n_ops=cfg.n_ops
+    )
     out = {"distinct": evaluate_system(problems, distinct, temperature)}
     if shared is not None:
         out["shared"] = evaluate_system(problems, dict.fromkeys(ROLES, shared), temperature)

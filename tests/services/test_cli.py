@@ -83,9 +83,9 @@ def test_unknown_role_and_bad_option(tmp_path):
 
 def test_train_rejects_a_bad_config_with_the_field_path(tmp_path):
     cfg = tmp_path / "job.yaml"
-    cfg.write_text("steps: 2\nplanner_optim:\n  lr: -1\n")
+    cfg.write_text("steps: 2\nroles:\n  planner:\n    optim:\n      lr: -1\n")
     proc = mgrpo("train", "--config", str(cfg))
-    assert proc.returncode == 2 and "planner_optim.lr" in proc.stdout and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "roles.planner.optim.lr" in proc.stdout and "Traceback" not in proc.stderr
 
 
 @pytest.mark.e2e

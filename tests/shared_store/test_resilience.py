@@ -108,17 +108,17 @@ def test_memory_stays_flat_over_200_steps(tmp_path, job_id):
                 meta = EpisodeMeta(job_id=job_id, step=step, policy_version=step, episode_id=eid, query_id="q0",
                                    rollout=i // 4, call=i % 4, n_tokens=0)  # fmt: skip
                 store.episodes.put(meta, arr)
-            for name in ("planner_stats", "subagent_stats", "manifests"):
-                publish_step(store.client, name, stats(job_id, step))  # type: ignore[arg-type]
-            for role in keys.ROLES:
+            for name in ("planner_stats", "batch.verifier"):
+                publish_step(store.client, name, stats(job_id, step))
+            for role in ("solver", "verifier"):
                 store.progress.advance(job_id, role, step)
-            store.progress.collect(job_id, keep_steps=1)
+            store.progress.collect(job_id, keep_steps=1, roles=("solver", "verifier"))
             if step in (20, 199):
                 info = store.client.info("memory")
                 samples[step] = (int(store.client.dbsize()), int(info["used_memory"]))
         (keys20, mem20), (keys199, mem199) = samples[20], samples[199]
         assert keys199 == keys20  # the same keys: two steps of episodes, their indexes, 3 step records each
-        for name in ("planner_stats", "subagent_stats", "manifests"):  # GC trims the consumed entries
+        for name in ("planner_stats", "batch.verifier"):  # GC trims the consumed entries
             assert store.client.xlen(keys.stream(job_id, name)) == 1, name
         assert abs(mem199 - mem20) < 64_000, (mem20, mem199)  # flat: 180 more steps left nothing behind
     finally:

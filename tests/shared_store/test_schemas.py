@@ -6,8 +6,7 @@ import pytest
 from shared_store import EpisodeArrays
 from shared_store.codec import decode_arrays, pack_episode, unpack_episode
 from shared_store.schemas import (
-    AlignedBatchManifest,
-    AlignedQuery,
+    EpisodeGroup,
     EpisodeMeta,
     JobDispatch,
     JobRecord,
@@ -17,10 +16,10 @@ from shared_store.schemas import (
     PlannerStepStats,
     PolicyVersion,
     QueryStats,
+    RoleBatch,
     RolloutStat,
     SchemaVersionError,
-    SubagentQueryStats,
-    SubagentStepStats,
+    ScoredEpisode,
     decode,
     encode,
     episode_id,
@@ -28,17 +27,15 @@ from shared_store.schemas import (
 
 J = "job-a"
 MESSAGES = [
-    JobRecord(job_id=J, status="queued", config={"k": 8}, created_at=1.0, updated_at=2.0),
+    JobRecord(job_id=J, status="queued", config={"k": 8}, created_at=1.0, updated_at=2.0, roles=["solver", "verifier"]),
     JobDispatch(job_id=J, role="subagent"),
     PlannerStepStats(
         job_id=J, step=3, policy_version=3,
         queries=[QueryStats(query_id="q1", reward_mean=0.5, reward_std=0.1, rollouts=[
             RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True, episode_ids=["s3-q1-r0-c0"])])],
     ),
-    SubagentStepStats(job_id=J, step=3, policy_version=2, queries_without_episodes=1,
-                      queries=[SubagentQueryStats(query_id="q1", n_episodes=3, n_samples=16, reward_mean=0.3, reward_std=0.2)]),
-    AlignedBatchManifest(job_id=J, step=3, policy_version=2, mode="duplicate_drop", slots_per_rollout=2,
-                         queries=[AlignedQuery(query_id="q1", slots=[["a", "a"], ["b", "c"]], advantages=[[1.0, 1.0], [-1.0, 0.0]])]),
+    RoleBatch(job_id=J, step=3, policy_version=2, role="verifier",
+              groups=[EpisodeGroup(group="t1.V1.0", episodes=[ScoredEpisode(episode_id="s3-t1.V1.0-r0-c0", reward=1.0)])]),
     EpisodeMeta(job_id=J, step=3, policy_version=2, episode_id="s3-q1-r0-c0", query_id="q1", rollout=0, call=0,
                 n_tokens=5, expert_score=0.5, subtask="find X", result="Y"),
     PolicyVersion(job_id=J, role="planner", version=4, step=3, checkpoint="/ckpt/4"),
@@ -71,7 +68,7 @@ def test_newer_schema_version_is_rejected_loudly():
 
 
 @pytest.mark.parametrize(
-    "raw", [b"{not json", b"[1, 2]", b'{"schema_version": 1, "job_id": "x", "role": "boss"}']
+    "raw", [b"{not json", b"[1, 2]", b'{"schema_version": 1, "job_id": "x", "role": "Boss!"}']
 )
 def test_corrupted_payload_is_a_clear_error(raw):
     with pytest.raises(PayloadError, match="JobDispatch"):
@@ -85,9 +82,10 @@ def test_unknown_fields_are_rejected():
         decode(JobDispatch, json.dumps(raw))
 
 
-def test_aligned_query_shapes_must_match():
-    with pytest.raises(ValueError, match="same"):
-        AlignedQuery(query_id="q", slots=[["a", "b"]], advantages=[[1.0]])
+def test_role_names_are_checked():
+    with pytest.raises(PayloadError, match="role"):
+        decode(JobDispatch, json.dumps({"schema_version": 1, "job_id": J, "role": "Bad Role"}))
+    assert JobDispatch(job_id=J, role="corrector").role == "corrector"  # any workflow's role name
 
 
 def test_episode_id_and_id_validation():

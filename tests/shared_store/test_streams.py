@@ -113,4 +113,4 @@ def test_trim_through_step_deletes_exactly_the_old_steps(store, job_id):
     publish_step(store.client, "planner_stats", stats(job_id, 6))
     assert trim_through_step(store.client, key, 10) == 2  # 4 and 5; the unreadable entry and 6 stay
     assert store.client.xlen(key) == 2
-    assert trim_through_step(store.client, keys.stream(job_id, "manifests"), 3) == 0  # no such stream
+    assert trim_through_step(store.client, keys.stream(job_id, "batch.nobody"), 3) == 0  # no such stream

@@ -1,0 +1,160 @@
+"""One MarsRL job on the root (solver) service: the step loop (SPEC §9).
+
+Per step s (phases timed as `timing/<name>`): `wait_partner` (every callee trainer applied step
+s − 1 − max_staleness) → `rollout` (the grouped S → V → C → V → C program of `mgrpo.workflows.marsrl`
+over the step's problems; a role that shares the root's model samples here, any other role is an
+HTTP call to its service, which records the episode) → `reward` (agent-specific or outcome, filled by
+the program) → `exchange_redis` (each callee role's scored groups to its `batch.<role>` stream) →
+`adv` (per (role, group)) → `update` (the root's model on the samples of every role it holds) →
+`checkpoint` → ledger, policy version, progress. The job succeeds once every callee applied the last
+step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mgrpo.agents.agents import TurnAgent
+from mgrpo.config import JobConfig
+from mgrpo.role_model import RoleModel
+from mgrpo.sample import Sample, assign_advantages
+from mgrpo.tasks.arithmetic import Problem, make_problems
+from mgrpo.timing import PhaseTimer
+from mgrpo.workflows.marsrl import Attempt, MarsSettings, Output, rollout_step
+from planner_trainer.delegate import PartnerError, SubagentClient
+from planner_trainer.partners import wait_applied
+from shared_store import Store, keys
+from shared_store.jobs import JobCancelled
+from shared_store.schemas import EpisodeGroup, MetricsEvent, PolicyVersion, RoleBatch, ScoredEpisode
+from shared_store.streams import publish_metrics, publish_step
+
+TRAIN_POOL = 3000  # train problems a job draws its steps from
+
+
+class MarsRootJob:
+    def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
+                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
+        self.store, self.job_id, self.cfg = store, job_id, cfg
+        self.root, self.local = cfg.flow.root, cfg.root_roles
+        self.remote = tuple(r for r in cfg.trainer_roles if r != self.root)
+        missing = [r for r in self.remote if r not in callees]
+        if missing:
+            raise PartnerError(f"no service configured for role(s) {', '.join(missing)} (MGRPO_ROLE_URLS)")
+        self.callees = callees
+        last = store.ledger.last_step(job_id, self.root)
+        self.m = RoleModel(cfg, self.root, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
+                           last_step=last, device=device, sglang_url=sglang_url, max_batch=256)  # fmt: skip
+        self.agent = TurnAgent(self.m.engine, self.m.tokenizer, temperature=self.m.spec.temperature,
+                               max_new_tokens=self.m.spec.max_new_tokens_per_turn)  # fmt: skip
+        mc = cfg.marsrl
+        self.settings = MarsSettings(cfg.rollouts_per_query, mc.select_k, mc.selection, mc.reward, mc.max_agent_steps,
+                                     seed=cfg.seed * 1_000_003 + cfg.run_seed)  # fmt: skip
+        self.pool = make_problems("train", TRAIN_POOL, seed=cfg.seed, n_ops=mc.n_ops)
+        self.http = ThreadPoolExecutor(max_workers=128, thread_name_prefix="marsrl-http")
+        self.start_step = self.m.start_step
+        store.policies.publish(
+            PolicyVersion(job_id=job_id, role=self.root, version=self.m.version, step=last)
+        )
+
+    @property
+    def version(self) -> int:
+        return self.m.version
+
+    def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        for step in range(self.start_step, self.cfg.steps):
+            if self.store.jobs.cancel_requested(self.job_id):
+                raise JobCancelled()
+            values = self.step(step)
+            if on_step:
+                on_step(step, values)
+        wait_applied(
+            self.store, self.job_id, self.remote, self.cfg.steps - 1, timeout_s=self.cfg.partner_timeout_s
+        )
+
+    def problems(self, step: int) -> list[Problem]:
+        rng = random.Random(f"{self.cfg.seed}:{self.cfg.run_seed}:{step}")
+        return rng.sample(self.pool, self.cfg.prompts_per_step)
+
+    def step(self, step: int) -> dict[str, float]:
+        timer = PhaseTimer()
+        with timer("wait_partner"):
+            wait_applied(self.store, self.job_id, self.remote, step - 1 - self.cfg.max_staleness,
+                         timeout_s=self.cfg.partner_timeout_s)  # fmt: skip
+        with timer("rollout"):
+            attempts = rollout_step(self.problems(step), lambda *a: self._run(step, *a), self.settings, step)
+        with timer("exchange_redis"):
+            for role in self.remote:
+                publish_step(
+                    self.store.client,
+                    keys.batch_stream(role),
+                    role_batch(self.job_id, step, self.version, role, attempts),
+                )
+        samples = [
+            Sample(a.role, a.group, a.ref, a.reward, policy_version=self.version)
+            for a in attempts
+            if a.role in self.local
+        ]
+        with timer("adv"):
+            assign_advantages(samples)
+        with timer("update"):
+            metrics = self.m.update(samples, seed=step)
+        with timer("checkpoint"):
+            ckpt = self.m.save(step)
+        with timer("exchange_redis"):
+            self.store.commit_step(PolicyVersion(job_id=self.job_id, role=self.root, version=self.version, step=step,
+                                                 checkpoint=str(ckpt.path)), roles=self.cfg.trainer_roles)  # fmt: skip
+        values = {**{f"{self.root}/{k}": v for k, v in metrics.items()}, **attempt_metrics(attempts),
+                  f"{self.root}/version": float(self.version), **timer.values()}  # fmt: skip
+        publish_metrics(
+            self.store.client, MetricsEvent(job_id=self.job_id, step=step, role=self.root, values=values)
+        )
+        return values
+
+    def _run(self, step: int, role: str, prompt: str, n: int, group: str) -> list[Output]:
+        """n outputs of `role` on one input: sampled here when the root holds the role's model, else
+        n episodes on the role's service (recorded there under `s<step>-<group>-r<i>-c0`)."""
+        if role in self.local:
+            return [Output(text, tr) for text, tr in self.agent.sample(prompt, n)]
+        client = self.callees[role]
+        body = {"job_id": self.job_id, "step": step, "query_id": group, "call": 0, "subtask": prompt}
+        done = list(self.http.map(lambda i: client.episode({**body, "rollout": i}), range(n)))
+        return [Output(d.result, d.episode_id) for d in done]
+
+    def close(self) -> None:
+        self.http.shutdown(wait=False, cancel_futures=True)
+        self.m.close()
+
+
+def role_batch(job_id: str, step: int, version: int, role: str, attempts: list[Attempt]) -> RoleBatch:
+    """One callee role's scored groups of a step (empty when the chain never reached the role)."""
+    groups: dict[str, list[ScoredEpisode]] = {}
+    for a in attempts:
+        if a.role == role:
+            groups.setdefault(a.group, []).append(ScoredEpisode(episode_id=str(a.ref), reward=a.reward))
+    return RoleBatch(job_id=job_id, step=step, policy_version=version, role=role,
+                     groups=[EpisodeGroup(group=g, episodes=e) for g, e in groups.items()])  # fmt: skip
+
+
+def attempt_metrics(attempts: list[Attempt]) -> dict[str, float]:
+    """Per role: mean reward, samples, groups, format rate; the solver's and correctors' accuracy and
+    the share of verifier verdicts that agree with the truth."""
+    out: dict[str, float] = {}
+    for role in ("solver", "verifier", "corrector"):
+        mine = [a for a in attempts if a.role == role]
+        if not mine:
+            continue
+        out[f"{role}/reward_mean"] = float(np.mean([a.reward for a in mine]))
+        out[f"{role}/samples"] = float(len(mine))
+        out[f"{role}/groups"] = float(len({a.group for a in mine}))
+        out[f"{role}/format_ok"] = float(np.mean([a.turn.format_ok for a in mine]))
+        if role != "verifier":
+            out[f"{role}/accuracy"] = float(np.mean([a.correct for a in mine]))
+        else:
+            out["verifier/flagged_wrong"] = float(np.mean([a.verdict is False for a in mine]))
+    return out

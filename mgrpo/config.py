@@ -204,11 +204,11 @@ class JobConfig(_Strict):
         return get_workflow("single_agent" if self.mode == "single_agent" else self.workflow)
 
     def role(self, name: str) -> RoleConfig:
-        self.flow.role(name)  # a clear error for a role the workflow does not have
+        get_workflow(self.workflow).role(name)  # a clear error for a role the workflow does not have
         return self.roles.get(name) or RoleConfig()
 
     def model_of(self, role: str) -> ModelSpec:
-        return self.role(role).model or ModelSpec(preset=self.flow.role(role).preset)
+        return self.role(role).model or ModelSpec(preset=get_workflow(self.workflow).role(role).preset)
 
     def optim_of(self, role: str) -> OptimConfig:
         return self.role(role).optim

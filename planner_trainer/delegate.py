@@ -37,8 +37,8 @@ class PartnerError(RuntimeError):
 
 
 class SubagentClient:
-    def __init__(self, base_url: str, token: str, *, timeout_s: float) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str, token: str, *, timeout_s: float, role: str = "subagent") -> None:
+        self.base_url, self.role = base_url.rstrip("/"), role
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
@@ -62,7 +62,7 @@ class SubagentClient:
                     )
                 if resp.status_code not in (409, 503):  # 503 (409 before): the job is not loaded there yet
                     raise PartnerError(
-                        f"sub-agent service at {self.base_url} refused an episode: {resp.status_code} {resp.text[:200]}"
+                        f"the {self.role} service at {self.base_url} refused an episode: {resp.status_code} {resp.text[:200]}"
                     )
                 last = f"{resp.status_code} {resp.text[:200]}"
             except httpx.HTTPError as exc:
@@ -70,7 +70,7 @@ class SubagentClient:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
         raise PartnerError(
-            f"sub-agent service at {self.base_url} did not answer within {self.timeout_s:.0f} s ({last})"
+            f"the {self.role} service at {self.base_url} did not answer within {self.timeout_s:.0f} s ({last})"
         )
 
     def close(self) -> None:

@@ -86,6 +86,17 @@ def _env_name(loc: tuple[int | str, ...]) -> str:
     return name if name.isupper() else f"MGRPO_{name.upper()}"  # REDIS_URL has no prefix
 
 
+WorkflowOpt = Annotated[
+    str, typer.Option(help="deep_research (planner → sub-agent) or marsrl (solver → verifier → corrector).")
+]
+SharedOpt = Annotated[bool, typer.Option(help="marsrl: one model and one trainer for every role.")]
+
+
+def _check_workflow(workflow: str) -> None:
+    if workflow not in ("deep_research", "marsrl"):
+        raise fail(f"unknown workflow {workflow!r}: choose deep_research or marsrl")
+
+
 local_app = typer.Typer(help="A local cluster: embedded Redis + the three services as separate processes.")
 app.add_typer(local_app, name="local")
 
@@ -102,21 +113,25 @@ def local_up(
         str, typer.Option(envvar="MGRPO_API_TOKEN", help="Bearer token of the services.")
     ] = "",
     port: Annotated[
-        int, typer.Option(help="Controller port; planner and sub-agent take the next two.")
+        int, typer.Option(help="Controller port; the trainer services take the next ones.")
     ] = 8000,
+    workflow: WorkflowOpt = "deep_research",
+    shared: SharedOpt = False,
 ) -> None:
     """Start the cluster in the foreground (Ctrl-C stops it)."""
-    from services.launcher import LocalCluster
+    from services.launcher import LocalCluster, workflow_roles
 
-    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token,
-                           ports={"controller": port, "planner": port + 1, "subagent": port + 2})  # fmt: skip
+    _check_workflow(workflow)
+    roles = workflow_roles(workflow, shared=shared)
+    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
+                           ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
     try:
         cluster.start()
     except RuntimeError as exc:
         cluster.stop()
         raise fail(str(exc)) from None
-    console.print(f"controller {cluster.url('controller')}  planner {cluster.url('planner')}  "
-                  f"sub-agent {cluster.url('subagent')}  Redis {cluster.redis_url}  logs {run_dir}/logs")  # fmt: skip
+    urls = "  ".join(f"{r} {cluster.url(r)}" for r in cluster.services)
+    console.print(f"{urls}  Redis {cluster.redis_url}  logs {run_dir}/logs")
     try:
         while all(p.poll() is None for p in cluster.procs.values()):
             time.sleep(1)
@@ -191,11 +206,14 @@ def status(
     if resp.status_code != 200:
         raise fail(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
     jobs = [resp.json()] if job_id else resp.json()["jobs"]
-    table = Table("JOB", "STATUS", "MODE", "STEPS (planner/sub-agent)", "REASON")
+    table = Table("JOB", "STATUS", "WORKFLOW", "STEPS DONE (per role)", "REASON")
     for j in jobs:
-        done = j["steps_done"]
-        steps = f"{done.get('planner', -1) + 1}/{done.get('subagent', -1) + 1} of {j['config'].get('steps')}"
-        table.add_row(j["job_id"], j["status"], j["config"].get("mode", ""), steps, j["reason"][:60])
+        done = "  ".join(f"{r} {s + 1}" for r, s in j["steps_done"].items())
+        cfg = j["config"]
+        flow = cfg.get("workflow", "deep_research") + (
+            f" ({cfg['mode']})" if cfg.get("mode", "co_train") != "co_train" else ""
+        )
+        table.add_row(j["job_id"], j["status"], flow, f"{done} of {cfg.get('steps')}", j["reason"][:60])
     console.print(table)
 
 
@@ -243,9 +261,15 @@ def warmstart(
     seed: Annotated[int, typer.Option(help="World and training seed.")] = 0,
     cache_dir: Annotated[Path, typer.Option(help="Where warm starts are cached.")] = Path(".cache/mgrpo"),
     single_agent: Annotated[bool, typer.Option(help="Warm-start the single-agent baseline instead.")] = False,
+    workflow: WorkflowOpt = "deep_research",
 ) -> None:
-    """Warm-start (SFT) the tiny planner and sub-agent on demonstrations; cached and reused."""
+    """Warm-start (SFT) the tiny models of a workflow on demonstrations; cached and reused."""
     from mgrpo.warmstart import WarmstartConfig
+
+    _check_workflow(workflow)
+    if workflow == "marsrl":
+        _marsrl_warmstart(steps, seed, cache_dir)
+        return
 
     default = WarmstartConfig()
     cfg = WarmstartConfig(seed=seed, steps=steps or default.steps, n_people=n_people or default.n_people)
@@ -261,6 +285,18 @@ def warmstart(
         console.print(f"  [dim]{process}[/]")
 
 
+def _marsrl_warmstart(steps: int | None, seed: int, cache_dir: Path) -> None:
+    from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
+    from services.demo import marsrl_warmstart_with_progress
+
+    cfg = MarsWarmstartConfig(seed=seed, steps=steps or MarsWarmstartConfig().steps)
+    result = marsrl_warmstart_with_progress(cfg, cache_dir, console)
+    console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
+    for name, m in result.metrics.items():
+        console.print(f"[bold]{name}[/] solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  "
+                      f"verifier accuracy {m['verifier_accuracy']:.2f} (always-Correct {m['always_correct_verifier_accuracy']:.2f})")  # fmt: skip
+
+
 @app.command()
 def demo(
     steps: Annotated[int, typer.Option(min=1, max=10_000, help="M-GRPO steps.")] = 20,
@@ -272,14 +308,28 @@ def demo(
     lr: Annotated[float, typer.Option(min=1e-7, max=1.0, help="Learning rate of both trainers.")] = 1e-4,
     ppo_epochs: Annotated[int, typer.Option(min=1, max=16, help="Passes over each step's batch.")] = 1,
     eval_questions: Annotated[
-        int, typer.Option(min=10, max=10_000, help="Held-out questions of the before/after evaluation.")
+        int,
+        typer.Option(
+            min=10, max=10_000, help="Held-out questions (problems) of the before/after evaluation."
+        ),
     ] = 400,
+    workflow: WorkflowOpt = "deep_research",
+    shared: SharedOpt = False,
 ) -> None:
-    """The whole system on one machine: warm start (cached), embedded Redis, the three services as
-    separate processes, one co_train job over REST with live progress, then held-out results."""
+    """The whole system on one machine: warm start (cached), embedded Redis, the services as separate
+    processes, one job over REST with live progress, then held-out results before/after."""
     from services.demo import run_demo
+    from services.demo_marsrl import run_marsrl_demo
 
+    _check_workflow(workflow)
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    if workflow == "marsrl":
+        try:
+            run_marsrl_demo(out, steps=steps, redis_url=redis_url, cache_dir=cache_dir, lr=lr,
+                            eval_problems=eval_questions, shared=shared, console=console)  # fmt: skip
+        except (RuntimeError, ValueError) as exc:
+            raise fail(str(exc)) from None
+        return
     try:
         run_demo(
             out,

@@ -158,9 +158,9 @@ def run_train(
     return final
 
 
-def _follow(base: str, job_id: str, steps: int, console: Console) -> dict[str, Any]:
+def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str = "M-GRPO") -> dict[str, Any]:
     cols = (
-        TextColumn("[bold]M-GRPO {task.description}"),
+        TextColumn(f"[bold]{title} {{task.description}}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

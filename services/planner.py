@@ -61,7 +61,7 @@ class PlannerRuntime:
             raise ValueError(
                 f'no URL for the {role} service: set MGRPO_ROLE_URLS=\'{{"{role}": "http://…"}}\''
             )
-        return SubagentClient(url, self.settings.api_token, timeout_s=cfg.partner_timeout_s)
+        return SubagentClient(url, self.settings.api_token, timeout_s=cfg.partner_timeout_s, role=role)
 
 
 lifespan = trainer_lifespan(ROLE, PlannerRuntime, threads=256)

@@ -4,6 +4,7 @@ and the wiring: every command is a real CLI entry point, every environment name 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,8 +22,9 @@ from services.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "k8s" / "mgrpo"
 GPU_VALUES = yaml.safe_load((CHART / "values-gpu.yaml").read_text())
+MARSRL_VALUES = yaml.safe_load((CHART / "values-marsrl.yaml").read_text())
 K8S_VERSION = kubernetes_validate.latest_version()
-ROLES = {"controller", "planner", "subagent"}
+KINDS = {"controller", "planner", "subagent"}
 
 
 def render(values: dict) -> list[dict]:
@@ -40,15 +42,18 @@ def settings_env_names() -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "values", [{"apiToken": "t"}, {**GPU_VALUES, "apiToken": "t"}], ids=["default", "gpu"]
+    "values",
+    [{"apiToken": "t"}, {**GPU_VALUES, "apiToken": "t"}, {**MARSRL_VALUES, "apiToken": "t"}],
+    ids=["default", "gpu", "marsrl"],
 )
 def test_chart_renders_lints_and_validates(values):
     docs = render(values)
     kinds = sorted(d["kind"] for d in docs)
+    n = len(values.get("roles", [None, None]))  # one Deployment, Service and PVC per role
     assert (
-        kinds.count("Deployment") == 3
+        kinds.count("Deployment") == n + 1
         and "StatefulSet" in kinds
-        and kinds.count("PersistentVolumeClaim") == 2
+        and kinds.count("PersistentVolumeClaim") == n
     )
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -56,18 +61,30 @@ def test_chart_renders_lints_and_validates(values):
     assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
 
 
-def test_gpu_values_put_each_trainer_on_its_own_gpu_node():
+@pytest.mark.parametrize(
+    ("values", "kinds"),
+    [(GPU_VALUES, {"planner": "planner", "subagent": "subagent"}),
+     (MARSRL_VALUES, {"solver": "planner", "verifier": "subagent", "corrector": "subagent"})],
+    ids=["deep_research", "marsrl"],
+)  # fmt: skip
+def test_gpu_values_put_each_role_on_its_own_gpu_node(values, kinds):
+    docs = render({**values, "apiToken": "t"})
     trainers = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
-                for d in render({**GPU_VALUES, "apiToken": "t"})
+                for d in docs
                 if d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] != "controller"}  # fmt: skip
-    assert set(trainers) == {"planner", "subagent"}
+    assert set(trainers) == set(kinds)
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    urls = json.loads(config["MGRPO_ROLE_URLS"])  # the root reaches every callee role's Service
+    assert urls == {r: f"http://rel-mgrpo-{r}:8000" for r, k in kinds.items() if k == "subagent"}
     for role, spec in trainers.items():
         (c,) = spec["containers"]
+        assert c["args"][:2] == ["serve", kinds[role]]
+        assert {"name": "MGRPO_ROLE", "value": role} in c["env"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert spec["nodeSelector"] == {"mgrpo.io/pool": f"{role}-gpu"} and spec["tolerations"]
-        other = ({"planner", "subagent"} - {role}).pop()
         term = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
-        assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == other
+        (expr,) = term["labelSelector"]["matchExpressions"]
+        assert set(expr["values"]) == set(kinds) - {role}  # never on a node with another role
         assert (
             c["readinessProbe"]["httpGet"]["path"] == "/readyz"
             and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -104,6 +121,7 @@ def compose(*args: str, token: str | None = "t") -> subprocess.CompletedProcess[
 def test_compose_file_is_valid():
     assert compose("config", "-q").returncode == 0
     assert compose("--profile", "gpu", "config", "-q").returncode == 0
+    assert compose("--profile", "marsrl", "config", "-q").returncode == 0
     no_token = compose("config", "-q", token=None)
     assert no_token.returncode != 0 and "MGRPO_API_TOKEN" in no_token.stderr
 
@@ -131,6 +149,6 @@ def test_every_command_is_a_cli_entry_point_and_every_env_name_a_setting():
     assert len(commands) >= 6
     for command in commands:
         assert command[0] in cli.commands, f"{command} is not an mgrpo command"  # type: ignore[attr-defined]
-        assert command[0] == "serve" and command[1] in ROLES, command
+        assert command[0] == "serve" and command[1] in KINDS, command
     unknown = env - settings_env_names()
     assert not unknown, f"environment names that no settings field reads: {sorted(unknown)}"

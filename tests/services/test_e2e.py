@@ -102,7 +102,9 @@ def test_co_train_two_steps(cluster, store, warm):
     # GC trimmed step 0 from the statistics stream once both trainers had finished it; the latest stays
     (stats,) = stream_messages(store, job_id, "planner_stats", PlannerStepStats)
     assert stats.step == 1 and get_step(store.client, PlannerStepStats, job_id, "planner_stats", 1) == stats
-    assert get_step(store.client, PlannerStepStats, job_id, "planner_stats", 0) is None  # older steps collected
+    assert (
+        get_step(store.client, PlannerStepStats, job_id, "planner_stats", 0) is None
+    )  # older steps collected
     assert len(stats.queries) == 4 and all(len(q.rollouts) == 8 for q in stats.queries)
     with_episodes = [q.query_id for q in stats.queries if any(r.episode_ids for r in q.rollouts)]
     assert with_episodes
@@ -125,7 +127,9 @@ def test_co_train_two_steps(cluster, store, warm):
     )
     sub_values = next(m for m in metrics if m["role"] == "subagent" and m["step"] == 1)["values"]
     assert sub_values["timing/subagent_exchange_redis"] > 0
-    assert sub_values["subagent/samples"] == len(with_episodes) * 8 * 3  # exactly K·D aligned samples per query
+    assert (
+        sub_values["subagent/samples"] == len(with_episodes) * 8 * 3
+    )  # exactly K·D aligned samples per query
     prom = httpx.get(f"{cluster.url('planner')}/metrics").text
     assert 'mgrpo_http_requests_total{code="200",path="/readyz",role="planner"}' in prom
     ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
@@ -151,7 +155,13 @@ def test_auth_validation_and_missing_jobs(cluster, store):
     )
     before = store.jobs.list(limit=1)[1]
     r = httpx.post(f"{url}/v1/jobs", json={**SMALL, "roles": {"planner": {"optim": {"lr": -1}}}}, headers=H)
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "roles", "planner", "optim", "lr"]
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == [
+        "body",
+        "roles",
+        "planner",
+        "optim",
+        "lr",
+    ]
     r = httpx.post(f"{url}/v1/jobs", json={**SMALL, "roles": {"judge": {}}}, headers=H)
     assert r.status_code == 422 and "roles.judge" in r.text and "planner, subagent" in r.text
     r = httpx.post(f"{url}/v1/jobs", json={**SMALL, "nonsense": 1}, headers=H)

@@ -18,3 +18,8 @@ livenessProbe:
   initialDelaySeconds: 30
   periodSeconds: 15
 {{- end -}}
+{{- define "mgrpo.roleUrls" -}}
+{{- $urls := dict -}}
+{{- range .Values.roles -}}{{- if ne .kind "planner" -}}{{- $_ := set $urls .name (printf "http://%s-%s:%v" (include "mgrpo.fullname" $) .name .port) -}}{{- end -}}{{- end -}}
+{{- toJson $urls -}}
+{{- end -}}

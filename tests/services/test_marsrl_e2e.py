@@ -1,0 +1,134 @@
+"""End to end, MarsRL: the solver's, verifier's and corrector's trainer services as separate OS
+processes (or the solver's alone, holding one model for every role), a real Redis, real HTTP, real
+training. The warm start is a short one (150 SFT steps, cached in the repository's `.cache/mgrpo`),
+so the roles already write turns and rewards vary."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mgrpo.config import JobConfig
+from mgrpo.runtime import marsrl_warmstart_config
+from mgrpo.workflows.marsrl_warmstart import cached_warmstart
+from services.launcher import LocalCluster
+from shared_store import Store, keys
+from shared_store.schemas import RoleBatch, decode
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
+TOKEN = "test-token"
+H = {"Authorization": f"Bearer {TOKEN}"}
+ROLES = ("solver", "verifier", "corrector")
+JOB = {"workflow": "marsrl", "steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4, "warmstart_steps": 150,
+       "partner_timeout_s": 120, "roles": {r: {"optim": {"lr": 1e-3}} for r in ROLES}}  # fmt: skip
+SHARED = {**JOB, "roles": {"solver": {"optim": {"lr": 1e-3}}, "verifier": {"share_model_with": "solver"},
+                           "corrector": {"share_model_with": "solver"}}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def warm():
+    return cached_warmstart(marsrl_warmstart_config(JobConfig.model_validate(JOB)), CACHE)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, warm):
+    # its own embedded Redis: the roles' dispatch streams are global, and another module's cluster may
+    # also serve a solver
+    c = LocalCluster(tmp_path_factory.mktemp("marsrl"), api_token=TOKEN, roles=ROLES,
+                     extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    with c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def store(cluster):
+    return Store.connect(cluster.redis_url)
+
+
+def submit(cluster, config):
+    r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=config, headers=H, timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()["job_id"]
+
+
+def wait(cluster, job_id, timeout_s=900):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {job['status']} after {timeout_s} s: {job}")
+
+
+def params_of(path):
+    return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
+
+
+def moved(start, trained):
+    before, after = params_of(start), params_of(trained)
+    return [n for n, p in after.items() if not torch.equal(p, before[n])]
+
+
+def final_checkpoint(cluster, role, job_id):
+    ckpts = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))
+    assert ckpts, f"no {role} checkpoint"
+    return ckpts[-1]
+
+
+def test_three_models_three_trainers(cluster, store, warm):
+    job_id = submit(cluster, JOB)
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    assert job["roles"] == list(ROLES) and job["steps_done"] == dict.fromkeys(ROLES, 1)
+    for role in ROLES:  # every trained role's parameters changed
+        changed = moved(warm.path(role), final_checkpoint(cluster, role, job_id))
+        assert len(changed) == len(params_of(warm.path(role))), f"{role}: some parameters never moved"
+    for role in ("verifier", "corrector"):  # every group of a later agent shares one input
+        (entry,) = [
+            decode(RoleBatch, f[b"data"])
+            for _, f in store.client.xrange(keys.stream(job_id, keys.batch_stream(role)))
+        ]
+        assert entry.step == 1 and entry.groups, role  # GC trimmed step 0
+        for g in entry.groups:
+            metas = store.episodes.get_many(job_id, 1, [e.episode_id for e in g.episodes])
+            assert len({m.subtask for m, _ in metas}) == 1 and len(g.episodes) == 4, (role, g.group)
+            assert all(e.reward in (0.0, 1.0) for e in g.episodes)
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    assert {r["role"] for r in records} == set(ROLES)
+    ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
+    assert sorted((c["role"], c["step"]) for c in ckpts) == sorted((r, s) for r in ROLES for s in (0, 1))
+
+
+def test_one_model_for_every_role(cluster, store, warm):
+    job_id = submit(cluster, SHARED)
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    assert job["roles"] == ["solver"] and job["steps_done"] == {"solver": 1}
+    assert moved(warm.path("shared"), final_checkpoint(cluster, "solver", job_id))
+    last = job["latest_metrics"]["solver"]
+    assert last["solver/samples"] == 8 and last["verifier/samples"] >= 8  # one update on every role's samples
+    assert not store.client.exists(keys.stream(job_id, keys.batch_stream("verifier")))  # nothing for a callee
+
+
+def test_kill_9_of_a_random_role_resumes_exactly_once(cluster, store):
+    role = random.Random().choice(ROLES)
+    job_id = submit(cluster, {**JOB, "steps": 4})
+    deadline = time.monotonic() + 600
+    while store.ledger.last_step(job_id, role) < 0:
+        assert time.monotonic() < deadline, f"{role} never finished step 0"
+        time.sleep(0.1)
+    cluster.kill(role)  # SIGKILL mid-job
+    cluster.start_role(role)
+    cluster.wait_ready(120, (role,))
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", (role, job["reason"])
+    marks = [(e.role, e.step) for e in store.ledger.entries(job_id)]
+    assert sorted(marks) == sorted((r, s) for r in ROLES for s in range(4)), (role, marks)  # exactly once

@@ -1,6 +1,7 @@
 """Schemathesis over the three OpenAPI documents: generated requests, valid and invalid, never get a
 5xx. The services run as real processes on a private Redis, without job workers (API-only), so the
-jobs the fuzzer creates stay queued and nothing trains."""
+jobs the fuzzer creates stay queued and nothing trains. A trainer's job routes answer 503 with
+`Retry-After` while it runs no job: that one 5xx is by design."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def test_no_server_errors(api_schema):
         @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(case=operation.as_strategy())
         def check(case):
-            case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, checks=[not_a_server_error])
+            response = case.call(headers={"Authorization": f"Bearer {TOKEN}"})
+            if response.status_code == 503 and response.headers.get("retry-after"):
+                return  # a trainer without a running job: "retry later", by design
+            case.validate_response(response, checks=[not_a_server_error])
 
         check()

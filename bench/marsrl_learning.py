@@ -126,7 +126,12 @@ def main() -> None:
     for seed in args.seeds:  # seed-major: a study cut short still has every arm of its first seeds
         for arm in args.arms:
             runs.append(run_one(arm, seed, args, console))
-            payload = {"runs": runs, "start": start, "majority_baseline": majority, "table": summarise(runs, start)}
+            payload = {
+                "runs": runs,
+                "start": start,
+                "majority_baseline": majority,
+                "table": summarise(runs, start),
+            }
             (args.out / "results.json").write_text(json.dumps(payload, indent=1))
     write_table(summarise(runs, start), majority, args.eval_problems, args.out / "table.md")
     console.print((args.out / "table.md").read_text())

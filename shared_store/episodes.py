@@ -54,6 +54,27 @@ class EpisodeStore:
         pipe.execute()
         return out
 
+    def put_once(self, meta: EpisodeMeta, arrays: EpisodeArrays) -> tuple[EpisodeMeta, bool]:
+        """Write an episode unless its id is already recorded (HSETNX): an id is written once. Returns
+        the recorded metadata (the earlier one on a replay) and whether this call wrote it."""
+        meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": arrays.checksum()})
+        key = keys.step_episodes(meta.job_id, meta.step)
+        eid = keys.check_id("episode id", meta.episode_id)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hsetnx(key, eid, pack_episode(encode(meta), arrays))
+        pipe.expire(key, self.ttl_s)
+        created, _ = pipe.execute()
+        if created:
+            return meta, True
+        found = self.get_one(meta.job_id, meta.step, eid)
+        if found is None:  # collected in between: nothing to replay against
+            raise EpisodeNotFoundError([eid])
+        return found[0], False
+
+    def get_one(self, job_id: str, step: int, episode_id: str) -> tuple[EpisodeMeta, EpisodeArrays] | None:
+        blob = cast(bytes | None, self.r.hget(keys.step_episodes(job_id, step), episode_id))
+        return None if blob is None else self._decode(episode_id, blob)
+
     def get_many(
         self, job_id: str, step: int, episode_ids: Sequence[str]
     ) -> list[tuple[EpisodeMeta, EpisodeArrays]]:

@@ -95,9 +95,9 @@ class CalleeJob:
             query_id=query_id, rollout=rollout, call=call, n_tokens=len(tr), format_ok=tr.format_ok,
             expert_score=None if math.isnan(expert) else expert, finish_reason=tr.finish, subtask=subtask, result=result,
         )  # fmt: skip
-        t0 = time.perf_counter()
-        meta = self.store.episodes.put(meta, EpisodeArrays.of(tr.token_ids, tr.logp, tr.mask))
-        return meta, time.perf_counter() - t0
+        t1 = time.perf_counter()
+        meta, _ = self.store.episodes.put_once(meta, EpisodeArrays.of(tr.token_ids, tr.logp, tr.mask))
+        return meta, lookup_s + time.perf_counter() - t1
 
     def fetch(self, step: int, ids: list[str]) -> dict[str, Episode]:
         unique = list(dict.fromkeys(ids))

@@ -59,3 +59,16 @@ def test_delete_step(store, job_id):
     assert len(store.episodes.step_ids(job_id, 0)) == 3
     assert store.episodes.delete_step(job_id, 0) == 3
     assert store.episodes.step_ids(job_id, 0) == [] and len(store.episodes.step_ids(job_id, 1)) == 3
+
+
+def test_an_episode_id_is_written_once(store, job_id):
+    first = EpisodeArrays.of(np.arange(5), np.zeros(5), np.ones(5))
+    meta = EpisodeMeta(job_id=job_id, step=2, policy_version=1, episode_id=episode_id(2, "g", 0, 0), query_id="g",
+                       rollout=0, call=0, n_tokens=0, result="first")  # fmt: skip
+    written, created = store.episodes.put_once(meta, first)
+    assert created and written.result == "first"
+    again, created = store.episodes.put_once(meta.model_copy(update={"result": "second"}), EpisodeArrays.of(np.arange(9), np.zeros(9), np.ones(9)))  # fmt: skip
+    assert not created and again.result == "first" and again.n_tokens == 5  # the replay gets the recorded one
+    ((got_meta, got_arr),) = store.episodes.get_many(job_id, 2, [meta.episode_id])
+    assert got_meta.result == "first" and got_arr.token_ids.tolist() == list(range(5))
+    assert store.episodes.get_one(job_id, 2, "s2-none-r0-c0") is None

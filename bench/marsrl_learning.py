@@ -28,15 +28,15 @@ from typing import Any
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning import merge, parse_sets  # noqa: E402
+from learning import merge, parse_sets
 
-from mgrpo.config import JobConfig  # noqa: E402
-from mgrpo.models import load  # noqa: E402
-from mgrpo.runtime import marsrl_warmstart_config  # noqa: E402
-from mgrpo.tasks.arithmetic import make_problems  # noqa: E402
-from mgrpo.workflows.marsrl_warmstart import ROLES, cached_warmstart, evaluate_system  # noqa: E402
-from services.demo import run_train  # noqa: E402
-from services.demo_marsrl import majority_baseline  # noqa: E402
+from mgrpo.config import JobConfig
+from mgrpo.models import load
+from mgrpo.runtime import marsrl_warmstart_config
+from mgrpo.tasks.arithmetic import make_problems
+from mgrpo.workflows.marsrl_warmstart import ROLES, cached_warmstart, evaluate_system
+from services.demo import run_train
+from services.demo_marsrl import majority_baseline
 
 ARMS: dict[str, dict[str, Any]] = {
     "agent": {"marsrl": {"reward": "agent", "selection": "adaptive"}},

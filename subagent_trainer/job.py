@@ -86,8 +86,14 @@ class CalleeJob:
     def run_episode(
         self, step: int, query_id: str, rollout: int, call: int, subtask: str
     ) -> tuple[EpisodeMeta, float]:
-        """Run one delegated input with the current policy and record it (arrays + meta) in Redis.
-        Returns the episode's metadata and the seconds the Redis write took."""
+        """Run one delegated input with the current policy and record it (arrays + meta) in Redis, once
+        per episode id: a replayed request (a retry, a restarted root) gets the recorded episode back.
+        Returns the episode's metadata and the seconds the Redis work took."""
+        t0 = time.perf_counter()
+        recorded = self.store.episodes.get_one(self.job_id, step, episode_id(step, query_id, rollout, call))
+        lookup_s = time.perf_counter() - t0
+        if recorded is not None:
+            return recorded[0], lookup_s
         version = self.version
         tr, expert, result = self.episode(subtask)
         meta = EpisodeMeta(

@@ -13,7 +13,6 @@ ledger holds, from that step's checkpoint.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,8 +30,8 @@ from mgrpo.timing import PhaseTimer
 from mgrpo.workflows.deep_research import episode_ids, planner_samples
 from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.partners import wait_applied
+from planner_trainer.root import RootJob
 from shared_store import Store
-from shared_store.jobs import JobCancelled
 from shared_store.schemas import (
     MetricsEvent,
     PlannerStepStats,
@@ -43,7 +42,7 @@ from shared_store.schemas import (
 from shared_store.streams import publish_metrics, publish_step
 
 
-class PlannerJob:
+class PlannerJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
                  subagent: SubagentClient | None, device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.subagent = store, job_id, cfg, subagent
@@ -60,19 +59,6 @@ class PlannerJob:
         store.policies.publish(
             PolicyVersion(job_id=job_id, role="planner", version=self.m.version, step=last)
         )
-
-    @property
-    def version(self) -> int:
-        return self.m.version
-
-    def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        for step in range(self.start_step, self.cfg.steps):
-            if self.store.jobs.cancel_requested(self.job_id):
-                raise JobCancelled()
-            values = self.step(step)
-            if on_step:
-                on_step(step, values)
-        self._wait_partner_done()
 
     def step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
@@ -187,7 +173,7 @@ class PlannerJob:
         wait_applied(self.store, self.job_id, ("subagent",), step - 1 - self.cfg.max_staleness,
                      timeout_s=self.cfg.partner_timeout_s)  # fmt: skip
 
-    def _wait_partner_done(self) -> None:
+    def finish(self) -> None:
         """The job is done when the sub-agent has consumed the last step too."""
         if not self.single:
             wait_applied(

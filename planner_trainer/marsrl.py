@@ -13,7 +13,6 @@ step.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,15 +28,15 @@ from mgrpo.timing import PhaseTimer
 from mgrpo.workflows.marsrl import Attempt, MarsSettings, Output, rollout_step
 from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.partners import wait_applied
+from planner_trainer.root import RootJob
 from shared_store import Store, keys
-from shared_store.jobs import JobCancelled
 from shared_store.schemas import EpisodeGroup, MetricsEvent, PolicyVersion, RoleBatch, ScoredEpisode
 from shared_store.streams import publish_metrics, publish_step
 
 TRAIN_POOL = 3000  # train problems a job draws its steps from
 
 
-class MarsRootJob:
+class MarsRootJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
                  callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg = store, job_id, cfg
@@ -62,17 +61,7 @@ class MarsRootJob:
             PolicyVersion(job_id=job_id, role=self.root, version=self.m.version, step=last)
         )
 
-    @property
-    def version(self) -> int:
-        return self.m.version
-
-    def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        for step in range(self.start_step, self.cfg.steps):
-            if self.store.jobs.cancel_requested(self.job_id):
-                raise JobCancelled()
-            values = self.step(step)
-            if on_step:
-                on_step(step, values)
+    def finish(self) -> None:
         wait_applied(
             self.store, self.job_id, self.remote, self.cfg.steps - 1, timeout_s=self.cfg.partner_timeout_s
         )

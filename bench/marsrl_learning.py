@@ -1,7 +1,7 @@
 """MarsRL comparison (issue 12; MarsRL §3 at small scale), through the real services.
 
-    .venv/bin/python bench/marsrl_learning.py                  # 3 arms × 3 seeds
-    .venv/bin/python bench/marsrl_learning.py --quick          # 3 arms × 1 seed, short runs
+    .venv/bin/python bench/marsrl_learning.py                  # 4 arms × 3 seeds (about 40 minutes)
+    .venv/bin/python bench/marsrl_learning.py --quick          # 4 arms × 1 seed, short runs
     .venv/bin/python bench/marsrl_learning.py --arms agent --seeds 0 --set marsrl.select_k=2
 
 Every run starts from the same cached MarsRL warm start (three distinct models) and trains on
@@ -12,7 +12,8 @@ problems at temperature 1: solver-alone and V–C-system accuracy, verifier prec
 Writes `results.json` and `table.md` into `--out`.
 
 Arms: agent (agent-specific rewards, adaptive selection: the default), outcome (every role rewarded
-by the final outcome, MarsRL's baseline), random (agent-specific rewards, random selection).
+by the final outcome, MarsRL's baseline), random (agent-specific rewards, random selection), balanced
+(agent-specific rewards, as many right as wrong inputs per later agent).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "agent": {"marsrl": {"reward": "agent", "selection": "adaptive"}},
     "outcome": {"marsrl": {"reward": "outcome", "selection": "adaptive"}},
     "random": {"marsrl": {"reward": "agent", "selection": "random"}},
+    "balanced": {"marsrl": {"reward": "agent", "selection": "balanced"}},
 }
 METRICS = ("solver_accuracy", "system_accuracy", "verifier_accuracy", "verifier_precision", "verifier_recall")
 

@@ -98,9 +98,9 @@ _LEGACY = {"planner": ("planner", "model"), "subagent": ("subagent", "model"),
 class JobConfig(_Strict):
     """A training job."""
 
-    workflow: Literal["deep_research", "marsrl"] = Field(
+    workflow: Literal["deep_research", "deep_research_team", "marsrl"] = Field(
         "deep_research",
-        description="deep_research: planner → sub-agent (M-GRPO); marsrl: solver → verifier → corrector (MarsRL).",
+        description="deep_research: planner → sub-agent (M-GRPO); deep_research_team: planner → searcher | comparer; marsrl: solver → verifier → corrector (MarsRL).",
     )
     mode: Literal["co_train", "main_only", "single_agent"] = Field(
         "co_train",

@@ -39,7 +39,7 @@ def warmstart_config(job: JobConfig) -> WarmstartConfig:
     return WarmstartConfig(
         seed=job.seed, n_people=job.n_people, steps=steps,
         planner_preset=job.model_of("planner").preset or "tiny",
-        subagent_preset=job.model_of("subagent").preset or "tiny-wide",
+        subagent_preset=job.model_of("searcher" if job.workflow == "deep_research_team" else "subagent").preset or "tiny-wide",
         eval_questions=100 if steps >= 100 else 0,
     )  # fmt: skip
 
@@ -70,6 +70,10 @@ def role_model_source(job: JobConfig, role: RoleName, cache_dir: Path) -> str:
                 "shared" if shared else role
             )
         )
+    if job.workflow == "deep_research_team" and role != "single":
+        if role == "comparer" and spec.preset != "tiny":
+            raise ValueError("roles.comparer.model: the team warm start trains the comparer from the 'tiny' preset; give a path for another model")
+        return str(cached_warmstart(warmstart_config(job), cache_dir, team=True).folder / role)
     result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
     return str(result.subagent_path if role == "subagent" else result.planner_path)
 

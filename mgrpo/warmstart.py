@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import random
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,8 +28,8 @@ from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate, evaluate_single
 from mgrpo.models import build_model, save, train_tokenizer
-from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions
-from mgrpo.tasks.demos import planner_demo, single_agent_demo, subagent_demo, subtasks_of
+from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
+from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
 
 EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
@@ -188,11 +189,16 @@ def cached_warmstart(
     cache_dir: Path,
     *,
     single_agent: bool = False,
+    team: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> WarmstartResult:
-    """Reuse `cache_dir/<kind>-<config key>` when it holds a finished warm start, else run and store one."""
-    folder = cache_dir / f"{'single' if single_agent else 'warmstart'}-{cfg.key()}"
-    names = ("single", "single") if single_agent else ("planner", "subagent")
+    """Reuse `cache_dir/<kind>-<config key>` when it holds a finished warm start, else run and store one.
+    Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer)."""
+    kind = "single" if single_agent else "team" if team else "warmstart"
+    folder = cache_dir / f"{kind}-{cfg.key()}"
+    names = {"single": ("single", "single"), "team": ("planner", "searcher")}.get(
+        kind, ("planner", "subagent")
+    )
     cache_dir.mkdir(parents=True, exist_ok=True)
     with (cache_dir / f"{folder.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two services on one disk: one trains, the other waits and reuses
@@ -200,8 +206,12 @@ def cached_warmstart(
             metrics = json.loads((folder / "eval.json").read_text())
             return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=True)
         tmp = folder.with_name(folder.name + ".partial")
-        run = run_single_warmstart if single_agent else run_warmstart
-        result = run(cfg, tmp, on_step=on_step)
+        if team:
+            searcher = cached_warmstart(cfg, cache_dir, on_step=on_step).subagent_path
+            result = run_team_warmstart(cfg, tmp, searcher, on_step=on_step)
+        else:
+            run = run_single_warmstart if single_agent else run_warmstart
+            result = run(cfg, tmp, on_step=on_step)
         tmp.rename(folder)  # only a finished warm start is ever found in the cache
     return WarmstartResult(folder, folder / names[0], folder / names[1], result.metrics, cached=False)
 
@@ -237,3 +247,44 @@ def run_single_warmstart(
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     (out / "eval.json").write_text(json.dumps(metrics, indent=2))
     return WarmstartResult(out, out / "single", out / "single", metrics, cached=False)
+
+
+def run_team_warmstart(
+    cfg: WarmstartConfig,
+    out: Path,
+    searcher: Path,
+    *,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> WarmstartResult:
+    """The team variant's warm start: the searcher is the deep-research sub-agent's warm start (the
+    same demonstrations), copied; the planner (its preset) learns to delegate lookups and then the
+    comparison of stage-2 comparison questions, and the comparer (`tiny`, the sub-agent's tokenizer
+    size) to call `compare` and answer. Same questions, steps and optimiser; no held-out evaluation."""
+    torch.manual_seed(cfg.seed)
+    task = make_task(cfg)
+    texts = tokenizer_texts(task)
+    ptok, ctok = train_tokenizer(texts, cfg.planner_vocab), train_tokenizer(texts, cfg.subagent_vocab)
+    pm, cm = (
+        build_model(cfg.planner_preset, ptok, seed=cfg.seed),
+        build_model("tiny", ctok, seed=cfg.seed + 2),
+    )
+    popt, copt = torch.optim.AdamW(pm.parameters(), lr=cfg.lr), torch.optim.AdamW(cm.parameters(), lr=cfg.lr)
+    questions = _train_questions(task, cfg)
+    comparisons = [s for s in subtasks_of(task, questions, team=True) if team_role(s) == "comparer"]
+    rng = random.Random(cfg.seed)
+    for step in range(cfg.steps):
+        p_batch = [planner_demo(task, ptok, q, team=True) for q in rng.sample(questions, cfg.batch_size)]
+        c_batch = [comparer_demo(ctok, s) for s in rng.sample(comparisons, cfg.batch_size)]
+        losses = {
+            "planner/sft_loss": _sft(pm, popt, ptok, p_batch),
+            "comparer/sft_loss": _sft(cm, copt, ctok, c_batch),
+        }
+        if on_step:
+            on_step(step, losses)
+    out.mkdir(parents=True, exist_ok=True)
+    save(pm, ptok, out / "planner")
+    save(cm, ctok, out / "comparer")
+    shutil.copytree(searcher, out / "searcher")
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "eval.json").write_text(json.dumps({}, indent=2))
+    return WarmstartResult(out, out / "planner", out / "searcher", {}, cached=False)

@@ -92,7 +92,7 @@ class RolloutStat(BaseModel):
     reward: float
     correct: float
     format_ok: bool
-    episode_ids: list[str] = Field(default_factory=list)
+    episodes: dict[RoleName, list[str]] = Field(default_factory=dict)  # callee role → episode ids, in call order
 
 
 class QueryStats(BaseModel):

@@ -29,6 +29,9 @@ from mgrpo.tasks.world import World, generate_world
 STAGE1_KINDS = ("city", "year", "employer")
 STAGE2_KINDS = ("country", "org_city", "org_country", "earlier", "same_country")
 _SUBTASK = re.compile(r"^\s*(birth city|birth year|employer|country|base) of (.+?)\s*$")
+# The team variant's comparison subtasks (its `comparer` role): "born first: A 1971, B 1968" → the
+# name born first; "same: Naru, Veld" → yes / no.
+COMPARISON = re.compile(r"^\s*(born first|same): (.+?), (.+?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,35 @@ class Question:
     split: str = "custom"
 
 
+def comparison_fact(subtask: str) -> str | None:
+    """The gold answer of a comparison subtask, or None when it is not one (or a year is missing)."""
+    m = COMPARISON.match(subtask)
+    if m is None:
+        return None
+    if m.group(1) == "same":
+        return "yes" if normalize_answer(m.group(2)) == normalize_answer(m.group(3)) else "no"
+    (a, _, ya), (b, _, yb) = m.group(2).rpartition(" "), m.group(3).rpartition(" ")
+    if not (ya.isdigit() and yb.isdigit()) or ya == yb:
+        return None
+    return a if int(ya) < int(yb) else b
+
+
+def compare(argument: str) -> str:
+    """The comparer's tool: `compare 1971 1968` → '1971 > 1968'; `compare Naru Veld` → 'different'."""
+    a, _, b = argument.strip().partition(" ")
+    if not b:
+        return "compare needs two values"
+    if a.isdigit() and b.strip().isdigit():
+        x, y = int(a), int(b)
+        return f"{x} {'<' if x < y else '>' if x > y else '='} {y}"
+    return "same" if normalize_answer(a) == normalize_answer(b) else "different"
+
+
 def fact(world: World, subtask: str) -> str | None:
-    """The gold answer of a subtask, or None when it is not in the subtask language / world."""
+    """The gold answer of a subtask (a lookup or, for the team variant, a comparison), or None when it
+    is not in the subtask language / world."""
+    if COMPARISON.match(subtask):
+        return comparison_fact(subtask)
     m = _SUBTASK.match(subtask)
     if not m:
         return None
@@ -92,6 +122,25 @@ def gold_plan(world: World, q: Question) -> list[tuple[str, str]]:
             if q.kind == "org_country":
                 ask(f"country of {base}")
     return steps
+
+
+def team_plan(world: World, q: Question) -> list[tuple[str, str]]:
+    """The team variant's plan: the lookups of `gold_plan`, then, for a comparison question, one
+    comparison subtask (answered by the comparer role) whose result is the answer."""
+    steps = gold_plan(world, q)
+    facts = [v for _, v in steps]
+    if q.kind == "earlier":
+        sub = f"born first: {q.entities[0]} {facts[0]}, {q.entities[1]} {facts[1]}"
+    elif q.kind == "same_country":
+        sub = f"same: {facts[2]}, {facts[3]}"
+    else:
+        return steps
+    return [*steps, (sub, str(comparison_fact(sub)))]
+
+
+def team_role(subtask: str) -> str:
+    """Which sub-agent of the team variant a subtask goes to."""
+    return "comparer" if COMPARISON.match(subtask) else "searcher"
 
 
 def _question(world: World, kind: str, a: str, b: str, split: str, qid: str) -> Question:
@@ -179,7 +228,11 @@ class DeepResearchTask:
         )
         self._index = bm25s.BM25()
         self._index.index(corpus_tokens, show_progress=False)
-        self.tools: dict[str, Callable[[str], str]] = {"search": self.search, "open": self.open}
+        self.tools: dict[str, Callable[[str], str]] = {
+            "search": self.search,
+            "open": self.open,
+            "compare": compare,
+        }
         self.scorers: dict[str, Callable[[str, str], float]] = {"correct": self.correct, "expert": self.judge}
 
     def search(self, query: str) -> str:
@@ -198,6 +251,16 @@ class DeepResearchTask:
     def call_tool(self, name: str, argument: str) -> str:
         tool = self.tools.get(name)
         return tool(argument) if tool else f"unknown tool {name!r}; tools: {', '.join(sorted(self.tools))}"
+
+    def tools_of(self, allowed: tuple[str, ...]) -> Callable[[str, str], str]:
+        """`call_tool` restricted to a role's tools (an empty tuple: every tool)."""
+
+        def call(name: str, argument: str) -> str:
+            if allowed and name not in allowed:
+                return f"unknown tool {name!r}; tools: {', '.join(allowed)}"
+            return self.call_tool(name, argument)
+
+        return call
 
     def judge(self, subtask: str, result: str) -> float:
         """Expert score of a sub-agent result: 1 if it contains the subtask's fact, else 0; NaN if unscorable."""

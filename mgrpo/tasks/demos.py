@@ -7,13 +7,25 @@ from transformers import PreTrainedTokenizerBase
 from mgrpo.agents.agents import demo_transcript, planner_prompt, subagent_prompt
 from mgrpo.agents.format import OBSERVATION_TAGS
 from mgrpo.agents.loop import Transcript
-from mgrpo.tasks.deep_research import _SUBTASK, DeepResearchTask, Question, fact, gold_plan
+from mgrpo.tasks.deep_research import (
+    _SUBTASK,
+    COMPARISON,
+    DeepResearchTask,
+    Question,
+    compare,
+    comparison_fact,
+    fact,
+    gold_plan,
+    team_plan,
+)
 
 
-def planner_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, q: Question) -> Transcript:
-    turns: list[tuple[str, str | None]] = [
-        (f"<delegate>{sub}</delegate>", value) for sub, value in gold_plan(task.world, q)
-    ]
+def planner_demo(
+    task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, q: Question, *, team: bool = False
+) -> Transcript:
+    """The gold plan's delegations, then the answer; `team`: with the comparison delegated too."""
+    plan = team_plan(task.world, q) if team else gold_plan(task.world, q)
+    turns: list[tuple[str, str | None]] = [(f"<delegate>{sub}</delegate>", value) for sub, value in plan]
     turns.append((f"<answer>{q.answer}</answer>", None))
     return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["planner"])
 
@@ -24,6 +36,24 @@ def subagent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, su
     if m is None or value is None:
         raise ValueError(f"no demonstration for subtask {subtask!r}")
     turns = [*_tool_turns(task, m.group(2)), (f"<result>{value}</result>", None)]
+    return demo_transcript(
+        tokenizer, subagent_prompt(tokenizer, subtask), turns, OBSERVATION_TAGS["subagent"]
+    )
+
+
+def comparer_demo(tokenizer: PreTrainedTokenizerBase, subtask: str) -> Transcript:
+    """The team variant's comparer: one `compare` call on the two values, then the answer."""
+    m, value = COMPARISON.match(subtask), comparison_fact(subtask)
+    if m is None or value is None:
+        raise ValueError(f"no demonstration for comparison {subtask!r}")
+    a, b = m.group(2), m.group(3)
+    if m.group(1) == "born first":
+        a, b = a.rpartition(" ")[2], b.rpartition(" ")[2]
+    argument = f"{a} {b}"
+    turns = [
+        (f"<tool_call>compare {argument}</tool_call>", compare(argument)),
+        (f"<result>{value}</result>", None),
+    ]
     return demo_transcript(
         tokenizer, subagent_prompt(tokenizer, subtask), turns, OBSERVATION_TAGS["subagent"]
     )
@@ -49,5 +79,6 @@ def single_agent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase
     return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["single"])
 
 
-def subtasks_of(task: DeepResearchTask, questions: list[Question]) -> list[str]:
-    return [sub for q in questions for sub, _ in gold_plan(task.world, q)]
+def subtasks_of(task: DeepResearchTask, questions: list[Question], *, team: bool = False) -> list[str]:
+    plan = team_plan if team else gold_plan
+    return [sub for q in questions for sub, _ in plan(task.world, q)]

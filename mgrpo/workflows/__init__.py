@@ -1,4 +1,5 @@
-"""The built-in workflows: `deep_research` (planner → sub-agent, M-GRPO), `marsrl` (solver →
+"""The built-in workflows: `deep_research` (planner → sub-agent, M-GRPO), `deep_research_team`
+(planner → searcher | comparer: two kinds of sub-agents), `marsrl` (solver →
 verifier → corrector), `single_agent` (one model with every tool, the baseline)."""
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ MARSRL = Workflow(
      RoleSpec("corrector", "tiny", (), "1 when its revised answer is right", "the G revisions of one selected report")),
     "MarsRL: solver → verifier → corrector (→ verifier → corrector), agent-specific rewards.",
 )  # fmt: skip
-WORKFLOWS: dict[str, Workflow] = {w.name: w for w in (DEEP_RESEARCH, MARSRL, SINGLE_AGENT)}
+DEEP_RESEARCH_TEAM = Workflow(
+    "deep_research_team", "planner",
+    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (SPEC §3)", "the K rollouts of one question"),
+     RoleSpec("searcher", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (SPEC §3)",
+              "the K·D aligned lookups of one question"),
+     RoleSpec("comparer", "tiny", ("compare",), "format, planner outcome, expert judge (SPEC §3)",
+              "the K·D aligned comparisons of one question")),
+    "Deep research with two kinds of sub-agents: lookups go to a searcher, comparisons to a comparer.",
+)  # fmt: skip
+WORKFLOWS: dict[str, Workflow] = {w.name: w for w in (DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, SINGLE_AGENT)}
 
 
 def get_workflow(name: str) -> Workflow:
@@ -34,4 +44,4 @@ def get_workflow(name: str) -> Workflow:
     return WORKFLOWS[name]
 
 
-__all__ = ["DEEP_RESEARCH", "MARSRL", "SINGLE_AGENT", "WORKFLOWS", "RoleSpec", "Workflow", "get_workflow"]
+__all__ = ["DEEP_RESEARCH", "DEEP_RESEARCH_TEAM", "MARSRL", "SINGLE_AGENT", "WORKFLOWS", "RoleSpec", "Workflow", "get_workflow"]

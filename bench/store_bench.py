@@ -79,7 +79,9 @@ def bench_raw(store: Store, job_id: str, eps: list[tuple[EpisodeMeta, EpisodeArr
 
 def bench_stats_latency(store: Store, job_id: str, n: int = 300) -> dict[str, float]:
     rollouts = [
-        RolloutStat(rollout=k, reward=0.1 * k, correct=1.0, format_ok=True, episode_ids=[f"s0-q-r{k}-c0"])
+        RolloutStat(
+            rollout=k, reward=0.1 * k, correct=1.0, format_ok=True, episodes={"subagent": [f"s0-q-r{k}-c0"]}
+        )
         for k in range(8)
     ]
     queries = [

@@ -72,7 +72,9 @@ def role_model_source(job: JobConfig, role: RoleName, cache_dir: Path) -> str:
         )
     if job.workflow == "deep_research_team" and role != "single":
         if role == "comparer" and spec.preset != "tiny":
-            raise ValueError("roles.comparer.model: the team warm start trains the comparer from the 'tiny' preset; give a path for another model")
+            raise ValueError(
+                "roles.comparer.model: the team warm start trains the comparer from the 'tiny' preset; give a path for another model"
+            )
         return str(cached_warmstart(warmstart_config(job), cache_dir, team=True).folder / role)
     result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
     return str(result.subagent_path if role == "subagent" else result.planner_path)

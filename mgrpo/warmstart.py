@@ -27,7 +27,7 @@ from mgrpo.agents.loop import Transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate, evaluate_single
-from mgrpo.models import build_model, save, train_tokenizer
+from mgrpo.models import build_model, load, save, train_tokenizer
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
@@ -207,8 +207,8 @@ def cached_warmstart(
             return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=True)
         tmp = folder.with_name(folder.name + ".partial")
         if team:
-            searcher = cached_warmstart(cfg, cache_dir, on_step=on_step).subagent_path
-            result = run_team_warmstart(cfg, tmp, searcher, on_step=on_step)
+            base = cached_warmstart(cfg, cache_dir, on_step=on_step)
+            result = run_team_warmstart(cfg, tmp, base, on_step=on_step)
         else:
             run = run_single_warmstart if single_agent else run_warmstart
             result = run(cfg, tmp, on_step=on_step)
@@ -252,27 +252,25 @@ def run_single_warmstart(
 def run_team_warmstart(
     cfg: WarmstartConfig,
     out: Path,
-    searcher: Path,
+    base: WarmstartResult,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> WarmstartResult:
-    """The team variant's warm start: the searcher is the deep-research sub-agent's warm start (the
-    same demonstrations), copied; the planner (its preset) learns to delegate lookups and then the
-    comparison of stage-2 comparison questions, and the comparer (`tiny`, the sub-agent's tokenizer
-    size) to call `compare` and answer. Same questions, steps and optimiser; no held-out evaluation."""
+    """The team variant's warm start, on top of the deep-research one (`base`): the searcher is its
+    sub-agent (the same demonstrations), copied; the planner continues from its planner for a third
+    of the steps on the team plans (lookups, then the comparison of a comparison question delegated);
+    the comparer (`tiny`, the sub-agent's tokenizer) learns to call `compare` and answer in as many
+    steps. Same questions, batch and optimiser; no held-out evaluation."""
     torch.manual_seed(cfg.seed)
     task = make_task(cfg)
-    texts = tokenizer_texts(task)
-    ptok, ctok = train_tokenizer(texts, cfg.planner_vocab), train_tokenizer(texts, cfg.subagent_vocab)
-    pm, cm = (
-        build_model(cfg.planner_preset, ptok, seed=cfg.seed),
-        build_model("tiny", ctok, seed=cfg.seed + 2),
-    )
+    pm, ptok = load(base.planner_path)
+    ctok = train_tokenizer(tokenizer_texts(task), cfg.subagent_vocab)
+    cm = build_model("tiny", ctok, seed=cfg.seed + 2)
     popt, copt = torch.optim.AdamW(pm.parameters(), lr=cfg.lr), torch.optim.AdamW(cm.parameters(), lr=cfg.lr)
     questions = _train_questions(task, cfg)
     comparisons = [s for s in subtasks_of(task, questions, team=True) if team_role(s) == "comparer"]
     rng = random.Random(cfg.seed)
-    for step in range(cfg.steps):
+    for step in range(max(1, cfg.steps // 3)):
         p_batch = [planner_demo(task, ptok, q, team=True) for q in rng.sample(questions, cfg.batch_size)]
         c_batch = [comparer_demo(ctok, s) for s in rng.sample(comparisons, cfg.batch_size)]
         losses = {
@@ -284,7 +282,7 @@ def run_team_warmstart(
     out.mkdir(parents=True, exist_ok=True)
     save(pm, ptok, out / "planner")
     save(cm, ctok, out / "comparer")
-    shutil.copytree(searcher, out / "searcher")
+    shutil.copytree(base.subagent_path, out / "searcher")
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     (out / "eval.json").write_text(json.dumps({}, indent=2))
     return WarmstartResult(out, out / "planner", out / "searcher", {}, cached=False)

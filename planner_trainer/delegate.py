@@ -58,7 +58,7 @@ class SubagentClient:
                     exchange_s = max(time.perf_counter() - t0 - model_s, 0.0)
                     queued_s = timing.get("queued", 0.0) / 1e3
                     return Delegation(
-                        body["subtask"], data["result"], data["episode_id"], exchange_s, queued_s
+                        body["subtask"], data["result"], data["episode_id"], exchange_s, queued_s, self.role
                     )
                 if resp.status_code not in (409, 503):  # 503 (409 before): the job is not loaded there yet
                     raise PartnerError(

@@ -27,7 +27,7 @@ from mgrpo.runtime import job_task
 from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.deep_research import Question, make_questions
 from mgrpo.timing import PhaseTimer
-from mgrpo.workflows.deep_research import episode_ids, planner_samples
+from mgrpo.workflows.deep_research import callee_of, episodes_by_role, planner_samples
 from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.partners import wait_applied
 from planner_trainer.root import RootJob
@@ -44,8 +44,9 @@ from shared_store.streams import publish_metrics, publish_step
 
 class PlannerJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 subagent: SubagentClient | None, device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
-        self.store, self.job_id, self.cfg, self.subagent = store, job_id, cfg, subagent
+                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
+        self.store, self.job_id, self.cfg, self.callees = store, job_id, cfg, callees
+        self.remote = tuple(r for r in cfg.trainer_roles if r != "planner")
         self.single = cfg.mode == "single_agent"
         self.task = job_task(cfg)
         last = store.ledger.last_step(job_id, "planner")
@@ -129,20 +130,15 @@ class PlannerJob(RootJob):
     def _planner_rollout(
         self, step: int, qi: int, k: int, q: Question
     ) -> tuple[Transcript, list[Delegation]]:
-        client = self.subagent
-        if client is None:
-            raise PartnerError("no sub-agent service configured (MGRPO_SUBAGENT_URL)")
         calls = iter(range(10_000))
 
         def delegate(subtask: str) -> Delegation:
-            body = {
-                "job_id": self.job_id,
-                "step": step,
-                "query_id": f"q{qi}",
-                "rollout": k,
-                "call": next(calls),
-                "subtask": subtask,
-            }
+            role = callee_of(self.cfg.workflow, subtask)
+            client = self.callees.get(role)
+            if client is None:
+                raise PartnerError(f"no {role} service configured (MGRPO_ROLE_URLS or MGRPO_SUBAGENT_URL)")
+            body = {"job_id": self.job_id, "step": step, "query_id": f"q{qi}", "rollout": k, "call": next(calls),
+                    "subtask": subtask}  # fmt: skip
             return client.episode(body)
 
         agent = PlannerAgent(
@@ -161,7 +157,7 @@ class PlannerJob(RootJob):
         for qi in range(len(samples) // K):
             stats = [RolloutStat(rollout=k, reward=samples[qi * K + k].reward, correct=correct[qi * K + k],
                                  format_ok=samples[qi * K + k].transcript.format_ok,
-                                 episode_ids=episode_ids(delegations[qi * K + k])) for k in range(K)]  # fmt: skip
+                                 episodes=episodes_by_role(delegations[qi * K + k])) for k in range(K)]  # fmt: skip
             rr = np.array([s.reward for s in stats])
             out.append(QueryStats(query_id=samples[qi * K].group, rollouts=stats, reward_mean=float(rr.mean()),
                                   reward_std=float(rr.std())))  # fmt: skip
@@ -170,19 +166,14 @@ class PlannerJob(RootJob):
     def _wait_partner(self, step: int) -> None:
         if self.cfg.mode != "co_train":
             return  # main_only: the sub-agent never updates; single_agent: there is none
-        wait_applied(self.store, self.job_id, ("subagent",), step - 1 - self.cfg.max_staleness,
+        wait_applied(self.store, self.job_id, self.remote, step - 1 - self.cfg.max_staleness,
                      timeout_s=self.cfg.partner_timeout_s)  # fmt: skip
 
     def finish(self) -> None:
-        """The job is done when the sub-agent has consumed the last step too."""
-        if not self.single:
-            wait_applied(
-                self.store,
-                self.job_id,
-                ("subagent",),
-                self.cfg.steps - 1,
-                timeout_s=self.cfg.partner_timeout_s,
-            )
+        """The job is done when every sub-agent role has consumed the last step too."""
+        wait_applied(
+            self.store, self.job_id, self.remote, self.cfg.steps - 1, timeout_s=self.cfg.partner_timeout_s
+        )
 
     def close(self) -> None:
         self.m.close()

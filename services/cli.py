@@ -87,14 +87,17 @@ def _env_name(loc: tuple[int | str, ...]) -> str:
 
 
 WorkflowOpt = Annotated[
-    str, typer.Option(help="deep_research (planner → sub-agent) or marsrl (solver → verifier → corrector).")
+    str,
+    typer.Option(
+        help="deep_research (planner → sub-agent), deep_research_team (planner → searcher | comparer) or marsrl (solver → verifier → corrector)."
+    ),
 ]
 SharedOpt = Annotated[bool, typer.Option(help="marsrl: one model and one trainer for every role.")]
 
 
 def _check_workflow(workflow: str) -> None:
-    if workflow not in ("deep_research", "marsrl"):
-        raise fail(f"unknown workflow {workflow!r}: choose deep_research or marsrl")
+    if workflow not in ("deep_research", "deep_research_team", "marsrl"):
+        raise fail(f"unknown workflow {workflow!r}: choose deep_research, deep_research_team or marsrl")
 
 
 local_app = typer.Typer(help="A local cluster: embedded Redis + the three services as separate processes.")
@@ -275,7 +278,8 @@ def warmstart(
     cfg = WarmstartConfig(seed=seed, steps=steps or default.steps, n_people=n_people or default.n_people)
     from services.demo import warmstart_with_progress
 
-    result = warmstart_with_progress(cfg, cache_dir, console, single_agent=single_agent)
+    team = workflow == "deep_research_team"
+    result = warmstart_with_progress(cfg, cache_dir, console, single_agent=single_agent, team=team)
     console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
     for name, m in result.metrics.items():
         process = "  ".join(f"{k} {v:.2f}" for k, v in m.items() if k not in ("success", "majority_baseline"))
@@ -322,6 +326,10 @@ def demo(
     from services.demo_marsrl import run_marsrl_demo
 
     _check_workflow(workflow)
+    if workflow == "deep_research_team":
+        raise fail(
+            "the deep_research_team workflow has no demo yet: run a job with `mgrpo train -c job.yaml`"
+        )
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if workflow == "marsrl":
         try:

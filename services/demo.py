@@ -32,7 +32,7 @@ HEADLINE = "heldout_stage2_T1"
 
 
 def warmstart_with_progress(
-    cfg: WarmstartConfig, cache_dir: Path, console: Console, *, single_agent: bool = False
+    cfg: WarmstartConfig, cache_dir: Path, console: Console, *, single_agent: bool = False, team: bool = False
 ) -> WarmstartResult:
     cols = (
         TextColumn("[bold]warm start"),
@@ -50,7 +50,7 @@ def warmstart_with_progress(
                 task, completed=step + 1, info=info if step + 1 < cfg.steps else "evaluating held-out …"
             )
 
-        result = cached_warmstart(cfg, cache_dir, single_agent=single_agent, on_step=on_step)
+        result = cached_warmstart(cfg, cache_dir, single_agent=single_agent, team=team, on_step=on_step)
         bar.update(task, completed=cfg.steps, info="cached" if result.cached else "done")
     return result
 
@@ -140,9 +140,9 @@ def run_train(
         if job.workflow == "marsrl":
             marsrl_warmstart_with_progress(marsrl_warmstart_config(job), cache_dir, console)
         else:
-            warmstart_with_progress(
-                warmstart_config(job), cache_dir, console, single_agent=job.mode == "single_agent"
-            )
+            single = job.mode == "single_agent"
+            team = job.workflow == "deep_research_team" and not single
+            warmstart_with_progress(warmstart_config(job), cache_dir, console, single_agent=single, team=team)
     with LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
                       roles=job.trainer_roles) as cluster:  # fmt: skip
         base = cluster.url("controller")

@@ -30,6 +30,8 @@ def workflow_roles(workflow: str, *, shared: bool = False) -> tuple[str, ...]:
     """The trainer roles of a built-in workflow's cluster (`shared`: marsrl with one model for all roles)."""
     if workflow == "marsrl":
         return ("solver",) if shared else ("solver", "verifier", "corrector")
+    if workflow == "deep_research_team":
+        return ("planner", "searcher", "comparer")
     return ROLES
 
 

@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request, status
 from mgrpo.agents.agents import Delegation, PlannerAgent
 from mgrpo.config import JobConfig
 from mgrpo.runtime import resolve_device
+from mgrpo.workflows.deep_research import callee_of
 from planner_trainer.delegate import SubagentClient
 from planner_trainer.job import PlannerJob
 from planner_trainer.marsrl import MarsRootJob
@@ -44,7 +45,7 @@ class PlannerRuntime:
         if cfg.workflow == "marsrl":
             job = MarsRootJob(self.store, job_id, cfg, callees=clients, **common)
         else:
-            job = PlannerJob(self.store, job_id, cfg, subagent=clients.get("subagent"), **common)
+            job = PlannerJob(self.store, job_id, cfg, callees=clients, **common)
         self.job = job
         try:
             job.run()
@@ -80,9 +81,9 @@ def rollouts(body: RolloutRequest, job: JobDep) -> RolloutResponse:
             status.HTTP_409_CONFLICT,
             "/v1/rollouts serves deep_research jobs; this job's workflow has no planner",
         )
-    client = job.subagent
 
     def delegate(subtask: str) -> Delegation:
+        client = job.callees.get(callee_of(job.cfg.workflow, subtask))
         return Delegation(subtask, "no sub-agent") if client is None else _probe(job, client, subtask)
 
     agent = PlannerAgent(job.engine, job.tokenizer, delegate, temperature=body.temperature, limits=job.limits)

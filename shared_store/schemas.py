@@ -92,7 +92,9 @@ class RolloutStat(BaseModel):
     reward: float
     correct: float
     format_ok: bool
-    episodes: dict[RoleName, list[str]] = Field(default_factory=dict)  # callee role → episode ids, in call order
+    episodes: dict[RoleName, list[str]] = Field(
+        default_factory=dict
+    )  # callee role → episode ids, in call order
 
 
 class QueryStats(BaseModel):

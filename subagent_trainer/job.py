@@ -162,7 +162,8 @@ class CalleeJob:
 
 
 class SubagentJob(CalleeJob):
-    """deep_research's sub-agent: tool episodes; aligned, pooled groups per query (SPEC §3-5)."""
+    """deep_research's sub-agent (and the team variant's searcher and comparer): tool episodes with the
+    role's tools; its own episodes of each query aligned and pooled (SPEC §3-5)."""
 
     intake = PlannerStepStats
 
@@ -170,7 +171,8 @@ class SubagentJob(CalleeJob):
         super().__init__(store, job_id, cfg, role, **kw)
         self.task = job_task(cfg)
         spec = self.m.spec
-        self.agent = SubAgent(self.engine, self.tokenizer, self.task.call_tool, temperature=spec.temperature,
+        tools = self.task.tools_of(cfg.flow.role(role).tools)  # the role's own tools only
+        self.agent = SubAgent(self.engine, self.tokenizer, tools, temperature=spec.temperature,
                               limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
 
     def intake_stream(self) -> str:
@@ -186,14 +188,16 @@ class SubagentJob(CalleeJob):
         empty = 0
         for q in msg.queries:
             seed = alignment_seed(self.cfg.seed, msg.step, f"{q.query_id}@run{self.cfg.run_seed}")
-            slots = align_query([r.episode_ids for r in q.rollouts], self.cfg.subagent_slots_per_rollout,
+            slots = align_query([r.episodes.get(self.role, []) for r in q.rollouts], self.cfg.subagent_slots_per_rollout,
                                 seed=seed, mode=self.cfg.alignment)  # fmt: skip
             if not slots:
                 empty += 1
                 continue
             with timer("exchange_redis"):
                 fetched = self.fetch(msg.step, [eid for _, eid in slots])
-            samples += subagent_samples(q.query_id, slots, fetched, [r.correct for r in q.rollouts])
+            samples += subagent_samples(
+                q.query_id, slots, fetched, [r.correct for r in q.rollouts], self.role
+            )
         return samples, {"queries_without_episodes": float(empty)}
 
 
@@ -229,4 +233,4 @@ class RoleJob(CalleeJob):
 
 def callee_job(cfg: JobConfig) -> Callable[..., CalleeJob]:
     """The job class of a callee role in the job's workflow."""
-    return SubagentJob if cfg.workflow == "deep_research" else RoleJob
+    return RoleJob if cfg.workflow == "marsrl" else SubagentJob

@@ -34,6 +34,7 @@ class Delegation:
     episode_id: str | None = None
     exchange_s: float = 0.0  # time this delegation spent in HTTP and Redis, not in the sub-agent's model
     server_queue_s: float = 0.0  # of which waiting in the sub-agent's server before its handler ran
+    role: str = "subagent"  # the callee role that ran it
 
 
 @dataclass

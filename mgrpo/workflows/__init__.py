@@ -35,7 +35,9 @@ DEEP_RESEARCH_TEAM = Workflow(
               "the K·D aligned comparisons of one question")),
     "Deep research with two kinds of sub-agents: lookups go to a searcher, comparisons to a comparer.",
 )  # fmt: skip
-WORKFLOWS: dict[str, Workflow] = {w.name: w for w in (DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, SINGLE_AGENT)}
+WORKFLOWS: dict[str, Workflow] = {
+    w.name: w for w in (DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, SINGLE_AGENT)
+}
 
 
 def get_workflow(name: str) -> Workflow:
@@ -44,4 +46,13 @@ def get_workflow(name: str) -> Workflow:
     return WORKFLOWS[name]
 
 
-__all__ = ["DEEP_RESEARCH", "DEEP_RESEARCH_TEAM", "MARSRL", "SINGLE_AGENT", "WORKFLOWS", "RoleSpec", "Workflow", "get_workflow"]
+__all__ = [
+    "DEEP_RESEARCH",
+    "DEEP_RESEARCH_TEAM",
+    "MARSRL",
+    "SINGLE_AGENT",
+    "WORKFLOWS",
+    "RoleSpec",
+    "Workflow",
+    "get_workflow",
+]

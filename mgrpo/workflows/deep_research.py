@@ -1,7 +1,8 @@
 """The deep-research workflow's step assembly (M-GRPO, SPEC §3-5) as pure functions over `Sample`s.
 
 Root (planner): the K rollouts of query q form group q; reward R_M (`planner_reward`).
-Callee (sub-agent): each rollout's episodes are aligned to D slots (`align_episodes`), and the
+Callee (sub-agent; in the team variant each of searcher and comparer, on its own episodes only): each
+rollout's episodes are aligned to D slots (`align_episodes`), and the
 query's K·D slots form the sub-agent's group q (pooled); reward R_S (`subagent_reward`) with the
 planner's `correct` of the slot's rollout. Duplicated slots are real samples.
 """
@@ -17,6 +18,7 @@ from mgrpo.agents.loop import Transcript
 from mgrpo.algo import align_episodes, planner_reward, subagent_reward
 from mgrpo.algo.alignment import AlignMode
 from mgrpo.sample import Sample
+from mgrpo.tasks.deep_research import team_role
 
 
 def planner_samples(
@@ -42,8 +44,19 @@ def planner_samples(
     return samples, outcome
 
 
-def episode_ids(delegations: Sequence[Delegation]) -> list[str]:
-    return [d.episode_id for d in delegations if d.episode_id]
+def episodes_by_role(delegations: Sequence[Delegation]) -> dict[str, list[str]]:
+    """A rollout's recorded episodes per callee role, in call order."""
+    out: dict[str, list[str]] = {}
+    for d in delegations:
+        if d.episode_id:
+            out.setdefault(d.role, []).append(d.episode_id)
+    return out
+
+
+def callee_of(workflow: str, subtask: str) -> str:
+    """The role a delegated subtask goes to: the sub-agent, or in the team variant the searcher for a
+    lookup and the comparer for a comparison."""
+    return team_role(subtask) if workflow == "deep_research_team" else "subagent"
 
 
 @dataclass(frozen=True)
@@ -65,16 +78,14 @@ def align_query(
 
 
 def subagent_samples(query_id: str, slots: Sequence[tuple[int, str]], fetched: dict[str, Episode],
-                     correct_main: Sequence[float]) -> list[Sample]:  # fmt: skip
+                     correct_main: Sequence[float], role: str = "subagent") -> list[Sample]:  # fmt: skip
     """One sample per slot, all in group `query_id`; R_S from the episode and its rollout's outcome."""
     out = []
     for k, eid in slots:
         ep = fetched[eid]
         reward = subagent_reward(ep.format_ok, correct_main[k], ep.expert)
         out.append(
-            Sample(
-                "subagent", query_id, ep.transcript, reward, policy_version=ep.policy_version, episode_id=eid
-            )
+            Sample(role, query_id, ep.transcript, reward, policy_version=ep.policy_version, episode_id=eid)
         )
     return out
 

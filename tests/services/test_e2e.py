@@ -106,7 +106,7 @@ def test_co_train_two_steps(cluster, store, warm):
         get_step(store.client, PlannerStepStats, job_id, "planner_stats", 0) is None
     )  # older steps collected
     assert len(stats.queries) == 4 and all(len(q.rollouts) == 8 for q in stats.queries)
-    with_episodes = [q.query_id for q in stats.queries if any(r.episode_ids for r in q.rollouts)]
+    with_episodes = [q.query_id for q in stats.queries if any(r.episodes.get("subagent") for r in q.rollouts)]
     assert with_episodes
     ledger = store.ledger.entries(job_id)
     assert sorted((e.role, e.step) for e in ledger) == [

@@ -32,7 +32,7 @@ MESSAGES = [
     PlannerStepStats(
         job_id=J, step=3, policy_version=3,
         queries=[QueryStats(query_id="q1", reward_mean=0.5, reward_std=0.1, rollouts=[
-            RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True, episode_ids=["s3-q1-r0-c0"])])],
+            RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True, episodes={"subagent": ["s3-q1-r0-c0"]})])],
     ),
     RoleBatch(job_id=J, step=3, policy_version=2, role="verifier",
               groups=[EpisodeGroup(group="t1.V1.0", episodes=[ScoredEpisode(episode_id="s3-t1.V1.0-r0-c0", reward=1.0)])]),

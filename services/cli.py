@@ -250,6 +250,16 @@ def train(
 
 
 @app.command()
+def schema() -> None:
+    """Print the job config's JSON Schema (what POST /v1/jobs and `mgrpo train -c` take)."""
+    import json
+
+    from mgrpo.config import JobConfig
+
+    print(json.dumps(JobConfig.model_json_schema(), indent=2))
+
+
+@app.command()
 def version() -> None:
     """Print the mgrpo version."""
     console.print(__version__)
@@ -319,6 +329,12 @@ def demo(
     ] = 400,
     workflow: WorkflowOpt = "deep_research",
     shared: SharedOpt = False,
+    warmstart_steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=100_000, help="marsrl: SFT steps of the warm start (default: the workflow's)."
+        ),
+    ] = None,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the services as separate
     processes, one job over REST with live progress, then held-out results before/after."""
@@ -333,8 +349,8 @@ def demo(
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if workflow == "marsrl":
         try:
-            run_marsrl_demo(out, steps=steps, redis_url=redis_url, cache_dir=cache_dir, lr=lr,
-                            eval_problems=eval_questions, shared=shared, console=console)  # fmt: skip
+            run_marsrl_demo(out, steps=steps, redis_url=redis_url, cache_dir=cache_dir, lr=lr, eval_problems=eval_questions,
+                            shared=shared, warmstart_steps=warmstart_steps, console=console)  # fmt: skip
         except (RuntimeError, ValueError) as exc:
             raise fail(str(exc)) from None
         return

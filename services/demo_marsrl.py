@@ -34,7 +34,7 @@ ROWS = ("solver_accuracy", "system_accuracy", "verifier_precision", "verifier_re
         "always_correct_verifier_accuracy", "iterations_mean")  # fmt: skip
 
 
-def marsrl_job(steps: int, lr: float, *, shared: bool) -> JobConfig:
+def marsrl_job(steps: int, lr: float, *, shared: bool, warmstart_steps: int | None = None) -> JobConfig:
     roles: dict[str, Any] = {r: {"optim": {"lr": lr}} for r in ROLES}
     if shared:
         roles = {
@@ -42,7 +42,8 @@ def marsrl_job(steps: int, lr: float, *, shared: bool) -> JobConfig:
             "verifier": {"share_model_with": "solver"},
             "corrector": {"share_model_with": "solver"},
         }
-    return JobConfig(workflow="marsrl", steps=steps, prompts_per_step=8, rollouts_per_query=8, roles=roles)
+    return JobConfig(workflow="marsrl", steps=steps, prompts_per_step=8, rollouts_per_query=8, roles=roles,
+                     warmstart_steps=warmstart_steps)  # fmt: skip
 
 
 def majority_baseline(cfg: MarsWarmstartConfig, n: int) -> float:
@@ -54,9 +55,9 @@ def majority_baseline(cfg: MarsWarmstartConfig, n: int) -> float:
 
 
 def run_marsrl_demo(out: Path, *, steps: int, redis_url: str | None, cache_dir: Path, lr: float,
-                    eval_problems: int, shared: bool, console: Console) -> dict[str, Any]:  # fmt: skip
+                    eval_problems: int, shared: bool, console: Console, warmstart_steps: int | None = None) -> dict[str, Any]:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    job = marsrl_job(steps, lr, shared=shared)
+    job = marsrl_job(steps, lr, shared=shared, warmstart_steps=warmstart_steps)
     ws = marsrl_warmstart_config(job)
     warm = marsrl_warmstart_with_progress(ws, cache_dir, console)
     cluster = LocalCluster(out, redis_url=redis_url, roles=job.trainer_roles,

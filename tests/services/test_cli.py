@@ -55,6 +55,40 @@ def test_demo_end_to_end_with_embedded_redis(tmp_path):
     assert "held-out" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_marsrl_demo_end_to_end(tmp_path):
+    """`mgrpo demo --workflow marsrl`, one step, on the short warm start the MarsRL e2e tests share:
+    the three role services, a marsrl job over REST, the V–C evaluation before/after, files."""
+    cache = ROOT / ".cache" / "mgrpo"
+    proc = mgrpo("demo", "--workflow", "marsrl", "--steps", "1", "--eval-questions", "20", "--warmstart-steps", "150",
+                 "--run-dir", "out", "--cache-dir", str(cache), cwd=tmp_path, drop=("REDIS_URL",))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"solver/reward_mean", "verifier/reward_mean", "corrector/reward_mean"} <= set(row)
+    result = json.loads((out / "eval.json").read_text())
+    for when in ("before", "after"):
+        assert {"solver_accuracy", "system_accuracy", "verifier_precision", "verifier_recall"} <= set(
+            result[when]
+        )
+    assert (
+        set(result["checkpoints"]) == {"solver", "verifier", "corrector"}
+        and 0 <= result["majority_baseline"] < 1
+    )
+    assert "system_accuracy" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_schema_shows_every_workflow():
+    proc = mgrpo("schema")
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert set(schema["properties"]["workflow"]["enum"]) == {"deep_research", "deep_research_team", "marsrl"}
+    assert {e.get("workflow") for e in schema["examples"]} >= {"deep_research", "marsrl"}
+    assert "roles" in schema["properties"] and "RoleConfig" in schema["$defs"]
+
+
 def test_submit_and_status_errors_are_clean(tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("steps: [1, 2\n")
@@ -77,6 +111,12 @@ def test_submit_and_status_errors_are_clean(tmp_path):
 def test_unknown_role_and_bad_option(tmp_path):
     proc = mgrpo("serve", "boss")
     assert proc.returncode == 2 and "unknown role" in proc.stdout
+    proc = mgrpo("serve", "controller", "--role", "verifier")
+    assert proc.returncode == 2 and "--role is for the trainer services" in proc.stdout
+    proc = mgrpo("serve", "subagent", "--role", "Bad Role", env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert proc.returncode == 2 and "MGRPO_ROLE" in proc.stdout and "Traceback" not in proc.stderr
+    proc = mgrpo("demo", "--workflow", "nope")
+    assert proc.returncode == 2 and "unknown workflow" in proc.stdout
     proc = mgrpo("demo", "--steps", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 

@@ -187,6 +187,10 @@ class JobConfig(_Strict):
                 raise ValueError(
                     f"roles.{name}: the workflow {wf.name!r} has no role {name!r}; its roles are {', '.join(wf.role_names)}"
                 )
+            if rc.share_model_with is not None and wf.name != "marsrl":
+                raise ValueError(
+                    f"roles.{name}.share_model_with: the {wf.name} workflow trains each role with a model of its own; only marsrl's roles can share the root's"
+                )
             if rc.share_model_with is not None and (name == wf.root or rc.share_model_with != wf.root):
                 raise ValueError(
                     f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"

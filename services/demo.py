@@ -17,16 +17,17 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mgrpo.config import JobConfig
 from mgrpo.models import load
 from mgrpo.runtime import job_task, marsrl_warmstart_config, warmstart_config
 from mgrpo.warmstart import WarmstartConfig, WarmstartResult, cached_warmstart, evaluate_system
+from mgrpo.workflows import get_workflow
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstart, MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
 from services.launcher import LocalCluster
+from services.progress import step_progress
 
 HEADLINE = "heldout_stage2_T1"
 
@@ -34,42 +35,28 @@ HEADLINE = "heldout_stage2_T1"
 def warmstart_with_progress(
     cfg: WarmstartConfig, cache_dir: Path, console: Console, *, single_agent: bool = False, team: bool = False
 ) -> WarmstartResult:
-    cols = (
-        TextColumn("[bold]warm start"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
-    with Progress(*cols, console=console) as bar:
-        task = bar.add_task("sft", total=cfg.steps, info="(cached runs skip this)")
+    with step_progress(console, "warm start", cfg.steps, "(cached runs skip this)") as bar:
 
         def on_step(step: int, m: dict[str, float]) -> None:
             info = "  ".join(f"{k.replace('/sft_loss', '')} loss {v:.3f}" for k, v in m.items())
-            bar.update(
-                task, completed=step + 1, info=info if step + 1 < cfg.steps else "evaluating held-out …"
-            )
+            bar.update(step + 1, info if step + 1 < cfg.steps else "evaluating held-out …")
 
         result = cached_warmstart(cfg, cache_dir, single_agent=single_agent, team=team, on_step=on_step)
-        bar.update(task, completed=cfg.steps, info="cached" if result.cached else "done")
+        bar.update(cfg.steps, "cached" if result.cached else "done")
     return result
 
 
 def marsrl_warmstart_with_progress(
     cfg: MarsWarmstartConfig, cache_dir: Path, console: Console
 ) -> MarsWarmstart:
-    with Progress(TextColumn("[bold]MarsRL warm start"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as bar:  # fmt: skip
-        task = bar.add_task("sft", total=cfg.steps, info="(cached runs skip this)")
+    with step_progress(console, "MarsRL warm start", cfg.steps, "(cached runs skip this)") as bar:
 
         def on_step(step: int, m: dict[str, float]) -> None:
             info = "  ".join(f"{k.replace('/sft_loss', '')} {v:.2f}" for k, v in m.items())
-            bar.update(
-                task, completed=step + 1, info=info if step + 1 < cfg.steps else "evaluating held-out …"
-            )
+            bar.update(step + 1, info if step + 1 < cfg.steps else "evaluating held-out …")
 
         result = cached_marsrl_warmstart(cfg, cache_dir, on_step=on_step)
-        bar.update(task, completed=cfg.steps, info="cached" if result.cached else "done")
+        bar.update(cfg.steps, "cached" if result.cached else "done")
     return result
 
 
@@ -159,36 +146,31 @@ def run_train(
 
 
 def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str = "M-GRPO") -> dict[str, Any]:
-    cols = (
-        TextColumn(f"[bold]{title} {{task.description}}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
-    with Progress(*cols, console=console) as bar:
-        task = bar.add_task(job_id, total=steps, info="loading models …")
+    with step_progress(console, f"{title} {job_id}", steps, "loading models …") as bar:
         while True:
             job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
             root = (job["roles"] or ["planner"])[0]
             p = job["latest_metrics"].get(root, {})
             if p:
-                bar.update(task, completed=job["steps_done"][root] + 1, info=progress_line(p))
+                bar.update(
+                    job["steps_done"][root] + 1,
+                    progress_line(p, job["config"].get("workflow", "deep_research")),
+                )
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return dict(job)
             time.sleep(1.0)
 
 
-def progress_line(root: dict[str, float]) -> str:
-    """The live line of a job: each role's mean reward (and the root's success or accuracy), the step time."""
-    roles = sorted({k.split("/")[0] for k in root if k.endswith("/reward_mean")})
+def progress_line(root: dict[str, float], workflow: str = "deep_research") -> str:
+    """The live line of a job: each role's mean reward (and accuracy or success), root first, the step time."""
     parts = []
-    for r in roles:
-        extra = root.get(f"{r}/success", root.get(f"{r}/accuracy"))
-        parts.append(
-            f"{r} reward {root[f'{r}/reward_mean']:.2f}" + (f" acc {extra:.2f}" if extra is not None else "")
-        )
-    return " | ".join(parts) + f" | step {root['timing/step']:.1f}s (rollout {root['timing/rollout']:.1f}s)"
+    for r in get_workflow(workflow).role_names:
+        if f"{r}/reward_mean" in root:
+            extra = root.get(f"{r}/success", root.get(f"{r}/accuracy"))
+            parts.append(
+                f"{r} {root[f'{r}/reward_mean']:.2f}" + (f" (acc {extra:.2f})" if extra is not None else "")
+            )
+    return " · ".join(parts) + f" · {root['timing/step']:.1f} s/step"
 
 
 def _rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

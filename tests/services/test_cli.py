@@ -78,6 +78,10 @@ def test_marsrl_demo_end_to_end(tmp_path):
         and 0 <= result["majority_baseline"] < 1
     )
     assert "system_accuracy" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    # not a terminal: plain progress lines a log file keeps (the warm start's, then the job's with each role)
+    assert "MarsRL warm start 150/150" in proc.stdout
+    job_line = next(line for line in proc.stdout.splitlines() if line.startswith("MarsRL job-"))
+    assert " 1/1 " in job_line and "solver" in job_line and "verifier" in job_line and "s/step" in job_line
 
 
 def test_schema_shows_every_workflow():

@@ -150,12 +150,11 @@ def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str 
         while True:
             job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
             root = (job["roles"] or ["planner"])[0]
-            p = job["latest_metrics"].get(root, {})
-            if p:
-                bar.update(
-                    job["steps_done"][root] + 1,
-                    progress_line(p, job["config"].get("workflow", "deep_research")),
-                )
+            latest = job["latest_metrics"]
+            if root in latest:  # every role's metrics (their names carry the role), the root's timings
+                merged = {k: v for r in (*latest, root) for k, v in latest[r].items()}
+                workflow = job["config"].get("workflow", "deep_research")
+                bar.update(job["steps_done"][root] + 1, progress_line(merged, workflow))
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return dict(job)
             time.sleep(1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -135,6 +136,11 @@ def local_up(
         raise fail(str(exc)) from None
     urls = "  ".join(f"{r} {cluster.url(r)}" for r in cluster.services)
     console.print(f"{urls}  Redis {cluster.redis_url}  logs {run_dir}/logs")
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (kill, a supervisor) stops the cluster like Ctrl-C
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         while all(p.poll() is None for p in cluster.procs.values()):
             time.sleep(1)

@@ -144,3 +144,43 @@ def test_train_runs_a_small_job_in_the_foreground(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "succeeded" in proc.stdout
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
+    """`mgrpo local up --workflow marsrl --shared`: the controller and the solver's trainer only (the
+    other roles share its model); SIGTERM stops every service it started."""
+    import signal
+    import time
+
+    import httpx
+
+    from shared_store.embedded import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REDIS_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "local", "up", "--workflow", "marsrl", "--shared",
+                             "--port", str(port), "--run-dir", str(tmp_path / "run")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "local up did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port + 1}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert httpx.get(f"http://127.0.0.1:{port + 1}/v1/policy").json()["role"] == "solver"
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "solver" in out and "verifier" not in out
+    for p in (port, port + 1):  # nothing left listening
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{p}/healthz", timeout=2)

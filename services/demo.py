@@ -186,6 +186,16 @@ def _plot(
     n: int,
     path: Path,
 ) -> None:
+    b, a = before[HEADLINE]["success"], after[HEADLINE]["success"]
+    bars = {"warm start": (b, standard_error(b, n)), "after M-GRPO": (a, standard_error(a, n)),
+            "majority": (after[HEADLINE]["majority_baseline"], 0.0)}  # fmt: skip
+    plot_run(rows, ("planner/success", "planner/reward_mean", "subagent/reward_mean"), bars,
+             f"held-out success, stage 2, T=1, n={n}", path)  # fmt: skip
+
+
+def plot_run(rows: list[dict[str, Any]], curves: tuple[str, ...], bars: dict[str, tuple[float, float]], bar_title: str,
+             path: Path) -> None:  # fmt: skip
+    """A demo's picture: training curves per step (left) and held-out bars with standard errors (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,18 +203,18 @@ def _plot(
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [2, 1]})
     steps = [r["step"] for r in rows]
-    for name in ("planner/success", "planner/reward_mean", "subagent/reward_mean"):
+    for name in curves:
         ax.plot(steps, [r.get(name, float("nan")) for r in rows], label=name, marker=".")
     ax.set_xlabel("step")
     ax.set_ylim(0, 1)
     ax.set_title("training rollouts (train split)")
     ax.legend(loc="lower right", fontsize=8)
-    names = ["warm start", "after M-GRPO", "majority"]
-    vals = [before[HEADLINE]["success"], after[HEADLINE]["success"], after[HEADLINE]["majority_baseline"]]
-    errs = [standard_error(vals[0], n), standard_error(vals[1], n), 0.0]
-    bx.bar(names, vals, yerr=errs, capsize=4, color=["#999", "#2a7", "#ccc"])
+    colors = [*["#999", "#2a7", "#bbb", "#27a"][: len(bars) - 1], "#ddd"]  # before, after, …, the baseline
+    bx.bar(
+        list(bars), [v for v, _ in bars.values()], yerr=[e for _, e in bars.values()], capsize=4, color=colors
+    )
     bx.set_ylim(0, 1)
-    bx.set_title(f"held-out success, stage 2, T=1, n={n}", fontsize=10)
+    bx.set_title(bar_title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -27,7 +27,7 @@ from mgrpo.models import load
 from mgrpo.runtime import marsrl_warmstart_config
 from mgrpo.tasks.arithmetic import make_problems
 from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstartConfig, evaluate_system
-from services.demo import _follow, _rows, marsrl_warmstart_with_progress
+from services.demo import _follow, _rows, marsrl_warmstart_with_progress, plot_run
 from services.launcher import LocalCluster
 
 ROWS = ("solver_accuracy", "system_accuracy", "verifier_precision", "verifier_recall", "verifier_accuracy",
@@ -123,37 +123,9 @@ def summary(
 
 def _plot(rows: list[dict[str, Any]], before: dict[str, float], after: dict[str, float], majority: float, n: int,
           path: Path) -> None:  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [2, 1]})
-    steps = [r["step"] for r in rows]
-    for name in ("solver/reward_mean", "verifier/reward_mean", "corrector/reward_mean"):
-        ax.plot(steps, [r.get(name, float("nan")) for r in rows], label=name, marker=".")
-    ax.set_xlabel("step")
-    ax.set_ylim(0, 1)
-    ax.set_title("training rollouts (train split)")
-    ax.legend(loc="lower right", fontsize=8)
-    labels = ["solver\nwarm", "solver\nafter", "V–C\nwarm", "V–C\nafter", "majority"]
-    vals = [
-        before["solver_accuracy"],
-        after["solver_accuracy"],
-        before["system_accuracy"],
-        after["system_accuracy"],
-        majority,
-    ]
-    errs = [
-        before["solver_accuracy_se"],
-        after["solver_accuracy_se"],
-        before["system_accuracy_se"],
-        after["system_accuracy_se"],
-        0,
-    ]
-    bx.bar(labels, vals, yerr=errs, capsize=4, color=["#999", "#2a7", "#bbb", "#27a", "#ddd"])
-    bx.set_ylim(0, 1)
-    bx.set_title(f"held-out accuracy, T=1, n={n}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    bars = {f"{name}\n{when}": (m[key], m[key + "_se"])
+            for name, key in (("solver", "solver_accuracy"), ("V–C", "system_accuracy"))
+            for when, m in (("warm", before), ("after", after))}  # fmt: skip
+    bars["majority"] = (majority, 0.0)
+    plot_run(rows, ("solver/reward_mean", "verifier/reward_mean", "corrector/reward_mean"), bars,
+             f"held-out accuracy, T=1, n={n}", path)  # fmt: skip

@@ -129,22 +129,20 @@ def local_up(
     roles = workflow_roles(workflow, shared=shared)
     cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
                            ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
-    try:
-        cluster.start()
-    except RuntimeError as exc:
-        cluster.stop()
-        raise fail(str(exc)) from None
-    urls = "  ".join(f"{r} {cluster.url(r)}" for r in cluster.services)
-    console.print(f"{urls}  Redis {cluster.redis_url}  logs {run_dir}/logs")
 
     def stop(*_: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM (kill, a supervisor) stops the cluster like Ctrl-C
+        raise KeyboardInterrupt  # SIGTERM (kill, a supervisor) stops the cluster like Ctrl-C, even mid-start
 
     signal.signal(signal.SIGTERM, stop)
     try:
+        cluster.start()
+        urls = "  ".join(f"{r} {cluster.url(r)}" for r in cluster.services)
+        console.print(f"{urls}  Redis {cluster.redis_url}  logs {run_dir}/logs")
         while all(p.poll() is None for p in cluster.procs.values()):
             time.sleep(1)
         raise fail(f"a service exited; see {run_dir}/logs")
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
     except KeyboardInterrupt:
         pass
     finally:

@@ -80,19 +80,10 @@ def run_demo(
         f"[dim]starting Redis {redis_url if redis_url else '(embedded)'} and the three services; logs in {out}/logs[/]"
     )
     with cluster:
-        base = cluster.url("controller")
-        resp = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30)
-        if resp.status_code != 201:
-            raise RuntimeError(f"the controller refused the demo job: {resp.status_code} {resp.text}")
-        job_id = resp.json()["job_id"]
-        final = _follow(base, job_id, steps, console)
-        records = httpx.get(f"{base}/v1/jobs/{job_id}/metrics", timeout=30).json()["records"]
-        checkpoints = httpx.get(f"{base}/v1/jobs/{job_id}/checkpoints", timeout=30).json()["checkpoints"]
+        final, rows, latest = run_job(cluster, job, out, console)
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
-    rows = _rows(records)
-    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    latest = {c["role"]: c["checkpoint"] for c in checkpoints}
+    job_id = final["job_id"]
     console.print(
         f"[dim]evaluating the warm start and the trained models on the same {eval_questions} held-out questions …[/]"
     )
@@ -132,17 +123,27 @@ def run_train(
             warmstart_with_progress(warmstart_config(job), cache_dir, console, single_agent=single, team=team)
     with LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
                       roles=job.trainer_roles) as cluster:  # fmt: skip
-        base = cluster.url("controller")
-        resp = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30)
-        if resp.status_code != 201:
-            raise RuntimeError(f"the controller refused the job: {resp.status_code} {resp.text}")
-        final = _follow(base, resp.json()["job_id"], job.steps, console)
-        records = httpx.get(f"{base}/v1/jobs/{final['job_id']}/metrics", timeout=30).json()["records"]
-    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(records)))
+        final, _, _ = run_job(cluster, job, out, console)
     console.print(
         f"job {final['job_id']} {final['status']} {final['reason']}; metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints"
     )
     return final
+
+
+def run_job(cluster: LocalCluster, job: JobConfig, out: Path, console: Console, *, title: str = "M-GRPO"
+            ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str]]:  # fmt: skip
+    """Submit `job` to the cluster's controller over REST and follow it to its end; writes
+    `out/metrics.jsonl`. Returns the finished job, its per-step rows and each role's last checkpoint."""
+    base = cluster.url("controller")
+    resp = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30)
+    if resp.status_code != 201:
+        raise RuntimeError(f"the controller refused the job: {resp.status_code} {resp.text}")
+    final = _follow(base, resp.json()["job_id"], job.steps, console, title=title)
+    records = httpx.get(f"{base}/v1/jobs/{final['job_id']}/metrics", timeout=30).json()["records"]
+    checkpoints = httpx.get(f"{base}/v1/jobs/{final['job_id']}/checkpoints", timeout=30).json()["checkpoints"]
+    rows = _rows(records)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return final, rows, {c["role"]: c["checkpoint"] for c in checkpoints}
 
 
 def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str = "M-GRPO") -> dict[str, Any]:

@@ -18,7 +18,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -27,7 +26,7 @@ from mgrpo.models import load
 from mgrpo.runtime import marsrl_warmstart_config
 from mgrpo.tasks.arithmetic import make_problems
 from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstartConfig, evaluate_system
-from services.demo import _follow, _rows, marsrl_warmstart_with_progress, plot_run
+from services.demo import marsrl_warmstart_with_progress, plot_run, run_job
 from services.launcher import LocalCluster
 
 ROWS = ("solver_accuracy", "system_accuracy", "verifier_precision", "verifier_recall", "verifier_accuracy",
@@ -65,19 +64,10 @@ def run_marsrl_demo(out: Path, *, steps: int, redis_url: str | None, cache_dir: 
     console.print(f"[dim]starting Redis {redis_url or '(embedded)'}, the controller and the {', '.join(job.trainer_roles)} "
                   f"trainer service(s); logs in {out}/logs[/]")  # fmt: skip
     with cluster:
-        base = cluster.url("controller")
-        resp = httpx.post(f"{base}/v1/jobs", json=job.model_dump(mode="json"), timeout=30)
-        if resp.status_code != 201:
-            raise RuntimeError(f"the controller refused the demo job: {resp.status_code} {resp.text}")
-        job_id = resp.json()["job_id"]
-        final = _follow(base, job_id, steps, console, title="MarsRL")
-        records = httpx.get(f"{base}/v1/jobs/{job_id}/metrics", timeout=30).json()["records"]
-        checkpoints = httpx.get(f"{base}/v1/jobs/{job_id}/checkpoints", timeout=30).json()["checkpoints"]
+        final, rows, latest = run_job(cluster, job, out, console, title="MarsRL")
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
-    rows = _rows(records)
-    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    latest = {c["role"]: c["checkpoint"] for c in checkpoints}
+    job_id = final["job_id"]
     console.print(f"[dim]evaluating the warm start and the trained models with the V–C loop on the same {eval_problems} held-out problems …[/]")  # fmt: skip
     problems = make_problems("heldout", eval_problems, seed=1000 + ws.seed, n_ops=ws.n_ops)
     if shared:

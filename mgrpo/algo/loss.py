@@ -11,10 +11,17 @@
   sequence with no trained token is left out rather than producing NaN) or `token-mean` (mean over
   all masked tokens of the batch).
 - KL to a reference model is off by default (β = 0, as in the paper); k3 estimator when enabled.
+- Stale samples (SPEC §11, decoupled PPO as in AReaL), when `logp_prox` is given: `logp_old` is the
+  behaviour policy's log-probs `logp_b` (the version that sampled the tokens), `logp_prox` the
+  trainer's own at the start of the update. The clip ratio becomes ρ_t = exp(logp_t − logp_prox_t)
+  and each token's policy-gradient term is multiplied by the detached, truncated importance weight
+  w_t = min(exp(logp_prox_t − logp_b_t), C), C = `is_cap` (2 by default). When the versions match,
+  logp_prox = logp_b, w = 1 and the loss is the one above exactly. The KL term is not weighted.
 
 Metrics (python floats, masked token means): `clip_frac` (share of tokens whose clipped term was the
 active one), `approx_kl` (k3 of the new policy from the old one, (ρ−1) − log ρ), `ratio_mean`,
-`ratio_max`, `pg_loss`, and `kl_ref` / `entropy` when those inputs are given.
+`ratio_max`, `pg_loss`, and `kl_ref` / `entropy` when those inputs are given; with `logp_prox`,
+`is_weight_mean` and `is_capped_frac` (share of tokens whose weight hit the cap).
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
+    logp_prox: torch.Tensor | None = None,
+    is_cap: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped token-level policy loss.
 
@@ -81,6 +90,9 @@ def policy_loss(
         ref_logp: (B, T) reference-model log-probs; used only when kl_coef > 0.
         kl_coef: β, weight of the k3 KL penalty.
         entropy: (B, T) per-token entropy, reported as a metric only.
+        logp_prox: (B, T) the trainer's log-probs at the start of the update, for samples of an older
+            policy (then `logp_old` is the behaviour policy's); None: on-policy, as before.
+        is_cap: C, the cap of the importance weight exp(logp_prox − logp_old).
 
     Returns:
         (scalar loss, metrics dict of floats).
@@ -92,18 +104,31 @@ def policy_loss(
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0 and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp (the reference model's log-probs)")
+    if logp_prox is not None and logp_prox.shape != logp.shape:
+        raise ValueError(
+            f"logp_prox must have the shape of logp {tuple(logp.shape)}, got {tuple(logp_prox.shape)}"
+        )
+    if is_cap <= 0:
+        raise ValueError(f"is_cap must be > 0, got {is_cap}")
     m = mask.to(logp.dtype)  # (B, T)
     adv = advantages.to(logp.dtype)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # (B, 1) or (B, T)
 
-    log_ratio = torch.clamp(logp - logp_old.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
+    anchor = (logp_old if logp_prox is None else logp_prox).detach()  # (B, T)
+    log_ratio = torch.clamp(logp - anchor, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     pg_unclipped = -adv * ratio  # (B, T)
     pg_clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # (B, T)
     pg_mat = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
+    metrics: dict[str, float] = {}
+    if logp_prox is not None:  # stale samples: the truncated importance weight of SPEC §11
+        log_w = torch.clamp(logp_prox.detach() - logp_old.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        w = torch.clamp(torch.exp(log_w), max=is_cap)  # (B, T), no gradient
+        pg_mat = pg_mat * w
+        metrics["is_weight_mean"] = float(masked_mean(w, m))
+        metrics["is_capped_frac"] = float(masked_mean((torch.exp(log_w) >= is_cap).to(m.dtype), m))
     loss_mat = pg_mat
 
-    metrics: dict[str, float] = {}
     if ref_logp is not None:
         d = ref_logp.detach() - logp  # (B, T)
         k3 = torch.exp(torch.clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - d - 1.0  # (B, T)

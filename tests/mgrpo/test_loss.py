@@ -137,3 +137,46 @@ def test_vectorised_matches_loop(b, t, agg, per_token_adv, seed):
     assert loss.item() == pytest.approx(
         loop_reference(logp, old, adv, mask, agg=agg, ref=ref, beta=0.05), abs=1e-9
     )
+
+
+def stale_loop_reference(logp, old, prox, adv, mask, cap=2.0, cl=0.2, ch=0.28):
+    """SPEC §11 token by token (seq-mean-token-mean): ratio against logp_prox, each token's term times
+    min(exp(prox − old), cap)."""
+    seqs = []
+    for b in range(logp.shape[0]):
+        terms = []
+        for t in range(logp.shape[1]):
+            if not mask[b, t]:
+                continue
+            a, r = float(adv[b]), math.exp(float(logp[b, t] - prox[b, t]))
+            w = min(math.exp(float(prox[b, t] - old[b, t])), cap)
+            terms.append(-w * min(r * a, max(1 - cl, min(1 + ch, r)) * a))
+        if terms:
+            seqs.append(sum(terms) / len(terms))
+    return sum(seqs) / max(len(seqs), 1)
+
+
+def test_stale_samples_are_corrected_by_the_truncated_importance_weight():
+    g = torch.Generator().manual_seed(3)
+    logp, old, prox = (-torch.rand(3, 6, generator=g) * 2 for _ in range(3))
+    old[0, 0] = prox[0, 0] - 2.0  # w = e² ≈ 7.4, capped at 2
+    adv, mask = torch.tensor([1.0, -0.5, 2.0]), (torch.rand(3, 6, generator=g) > 0.2).float()
+    mask[0, 0] = 1.0
+    loss, m = policy_loss(logp, old, adv, mask, logp_prox=prox)
+    assert float(loss) == pytest.approx(stale_loop_reference(logp, old, prox, adv, mask), abs=1e-6)
+    assert m["is_capped_frac"] > 0 and m["is_weight_mean"] > 0
+    # one token by hand: A = 1, logp = prox (ρ = 1), prox − old = log 1.5 → w = 1.5, term −1.5
+    one = torch.zeros(1, 1)
+    loss, _ = policy_loss(one, one - math.log(1.5), torch.tensor([1.0]), torch.ones(1, 1), logp_prox=one)
+    assert float(loss) == pytest.approx(-1.5)
+
+
+def test_the_correction_reduces_to_the_on_policy_loss_when_versions_match():
+    g = torch.Generator().manual_seed(4)
+    logp, old = -torch.rand(4, 5, generator=g), -torch.rand(4, 5, generator=g)
+    adv, mask = torch.randn(4, generator=g), torch.ones(4, 5)
+    on, _ = policy_loss(logp, old, adv, mask)
+    stale, m = policy_loss(logp, old, adv, mask, logp_prox=old)
+    assert float(stale) == pytest.approx(float(on), abs=1e-7) and m["is_weight_mean"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="is_cap"):
+        policy_loss(logp, old, adv, mask, logp_prox=old, is_cap=0.0)

@@ -226,6 +226,11 @@ class JobConfig(_Strict):
         return tuple(r for r in self.flow.role_names if not self.shares_root(r))
 
     @property
+    def callee_trainers(self) -> tuple[str, ...]:
+        """The roles with a trainer service of their own that the root calls (every trainer role but the root)."""
+        return tuple(r for r in self.trainer_roles if r != self.flow.root)
+
+    @property
     def root_roles(self) -> tuple[str, ...]:
         """The roles whose samples the root trainer trains: the root and every role that shares its model."""
         return tuple(r for r in self.flow.role_names if r == self.flow.root or self.shares_root(r))

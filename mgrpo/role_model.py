@@ -25,7 +25,7 @@ class RoleModel:
         """`role`: whose update settings and checkpoints these are; `model_role` (default `role`): whose
         starting model to load (`single` for the single-agent baseline). `last_step`: the last step the
         ledger holds for the role (-1: none), resumed from its checkpoint."""
-        self.cfg, self.role, self.step_seed = cfg, role, cfg.seed
+        self.cfg, self.role = cfg, role
         self.ckpt_root = checkpoint_dir / job_id / role
         resume = latest_checkpoint(self.ckpt_root, step=last_step) if last_step >= 0 else None
         source = str(resume.path) if resume else role_model_source(cfg, model_role or role, cache_dir)

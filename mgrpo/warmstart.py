@@ -199,21 +199,32 @@ def cached_warmstart(
     names = {"single": ("single", "single"), "team": ("planner", "searcher")}.get(
         kind, ("planner", "subagent")
     )
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with (cache_dir / f"{folder.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two services on one disk: one trains, the other waits and reuses
-        if (folder / "eval.json").exists():
-            metrics = json.loads((folder / "eval.json").read_text())
-            return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=True)
-        tmp = folder.with_name(folder.name + ".partial")
+
+    def build(tmp: Path) -> dict[str, Any]:
         if team:
-            base = cached_warmstart(cfg, cache_dir, on_step=on_step)
-            result = run_team_warmstart(cfg, tmp, base, on_step=on_step)
-        else:
-            run = run_single_warmstart if single_agent else run_warmstart
-            result = run(cfg, tmp, on_step=on_step)
-        tmp.rename(folder)  # only a finished warm start is ever found in the cache
-    return WarmstartResult(folder, folder / names[0], folder / names[1], result.metrics, cached=False)
+            return run_team_warmstart(
+                cfg, tmp, cached_warmstart(cfg, cache_dir, on_step=on_step), on_step=on_step
+            ).metrics
+        run = run_single_warmstart if single_agent else run_warmstart
+        return run(cfg, tmp, on_step=on_step).metrics
+
+    metrics, cached = build_once(folder, build)
+    return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=cached)
+
+
+def build_once(folder: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """A cached build: reuse `folder` when it holds a finished one (its `eval.json`), else `build` into
+    `<folder>.partial` and rename it into place, under a file lock (two services on one disk: one
+    trains, the other waits and reuses; only a finished build is ever found). Returns (metrics, cached)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (folder.parent / f"{folder.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / "eval.json").exists():
+            return json.loads((folder / "eval.json").read_text()), True
+        tmp = folder.with_name(folder.name + ".partial")
+        metrics = build(tmp)
+        tmp.rename(folder)
+    return metrics, False
 
 
 def _majority(task: DeepResearchTask) -> dict[str, str]:

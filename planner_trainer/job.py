@@ -46,7 +46,7 @@ class PlannerJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
                  callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.callees = store, job_id, cfg, callees
-        self.remote = tuple(r for r in cfg.trainer_roles if r != "planner")
+        self.remote = cfg.callee_trainers
         self.single = cfg.mode == "single_agent"
         self.task = job_task(cfg)
         last = store.ledger.last_step(job_id, "planner")

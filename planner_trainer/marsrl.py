@@ -25,6 +25,7 @@ from mgrpo.role_model import RoleModel
 from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.arithmetic import Problem, make_problems
 from mgrpo.timing import PhaseTimer
+from mgrpo.workflows import MARSRL
 from mgrpo.workflows.marsrl import Attempt, MarsSettings, Output, rollout_step
 from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.partners import wait_applied
@@ -41,7 +42,7 @@ class MarsRootJob(RootJob):
                  callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg = store, job_id, cfg
         self.root, self.local = cfg.flow.root, cfg.root_roles
-        self.remote = tuple(r for r in cfg.trainer_roles if r != self.root)
+        self.remote = cfg.callee_trainers
         missing = [r for r in self.remote if r not in callees]
         if missing:
             raise PartnerError(f"no service configured for role(s) {', '.join(missing)} (MGRPO_ROLE_URLS)")
@@ -134,7 +135,7 @@ def attempt_metrics(attempts: list[Attempt]) -> dict[str, float]:
     """Per role: mean reward, samples, groups, format rate; the solver's and correctors' accuracy and
     the share of verifier verdicts that agree with the truth."""
     out: dict[str, float] = {}
-    for role in ("solver", "verifier", "corrector"):
+    for role in MARSRL.role_names:
         mine = [a for a in attempts if a.role == role]
         if not mine:
             continue

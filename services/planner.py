@@ -38,7 +38,7 @@ class PlannerRuntime:
             raise ValueError(
                 f"this service serves role {ROLE!r}, but the job's root role is {root!r}; start it with --role {root}"
             )
-        clients = {r: self._client(r, cfg) for r in cfg.trainer_roles if r != root}
+        clients = {r: self._client(r, cfg) for r in cfg.callee_trainers}
         common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
                                       device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
         job: PlannerJob | MarsRootJob

@@ -11,7 +11,6 @@ covering the config and `DEMO_VERSION`.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import random
@@ -40,6 +39,7 @@ from mgrpo.tasks.arithmetic import (
     verification_turn,
     verifier_prompt,
 )
+from mgrpo.warmstart import build_once
 from mgrpo.workflows.marsrl import LocalRun, evaluate
 
 DEMO_VERSION = 1  # bump when the task, the demonstrations or the recipe change: caches are rebuilt
@@ -162,12 +162,5 @@ def evaluate_system(problems: list[Problem], models: dict[str, tuple[PreTrainedM
 def cached_warmstart(cfg: MarsWarmstartConfig, cache_dir: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> MarsWarmstart:  # fmt: skip
     """Reuse `cache_dir/marsrl-<key>` when it holds a finished warm start, else run and store one."""
     folder = cache_dir / f"marsrl-{cfg.key()}"
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with (cache_dir / f"{folder.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (folder / "eval.json").exists():
-            return MarsWarmstart(folder, json.loads((folder / "eval.json").read_text()), cached=True)
-        tmp = folder.with_name(folder.name + ".partial")
-        result = run_warmstart(cfg, tmp, on_step=on_step)
-        tmp.rename(folder)
-    return MarsWarmstart(folder, result.metrics, cached=False)
+    metrics, cached = build_once(folder, lambda tmp: run_warmstart(cfg, tmp, on_step=on_step).metrics)
+    return MarsWarmstart(folder, metrics, cached=cached)

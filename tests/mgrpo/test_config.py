@@ -18,6 +18,10 @@ def test_roles_follow_the_workflow():
         workflow="marsrl", roles={r: {"share_model_with": "solver"} for r in ("verifier", "corrector")}
     )
     assert shared.trainer_roles == ("solver",) and shared.root_roles == ("solver", "verifier", "corrector")
+    assert shared.callee_trainers == () and mars.callee_trainers == ("verifier", "corrector")
+    assert JobConfig(mode="single_agent").callee_trainers == () and JobConfig().callee_trainers == (
+        "subagent",
+    )
 
 
 def test_the_two_role_fields_fold_into_roles():

@@ -56,6 +56,12 @@ class OptimConfig(_Strict):
         le=10,
         description="β of the k3 KL penalty to the job's starting model (0 = off, as in the paper).",
     )
+    is_cap: float = Field(
+        2.0,
+        gt=0,
+        le=100,
+        description="C of the truncated importance weight min(exp(logp_prox − logp_old), C) on samples from an older policy version (max_staleness > 0).",
+    )
     compile: bool = Field(
         False,
         description="torch.compile the model's forward for the update (fuses the norm, rotary and SwiGLU elementwise work; the first update compiles for about a minute on 2 CPU cores; rollouts stay eager).",
@@ -148,7 +154,14 @@ class JobConfig(_Strict):
         description="Also keep every N-th step's checkpoint (0: only the newest two), e.g. for learning curves.",
     )
     max_staleness: int = Field(
-        0, ge=0, le=16, description="Policy versions a partner may lag behind (0 = synchronous)."
+        0,
+        ge=0,
+        le=16,
+        description="Pipelining: how many policy versions a sample may lag the policy it trains (0 = synchronous, as the paper; ≥ 1: rollouts run through updates, each role's engine on its own copy of the weights).",
+    )
+    stale_samples: Literal["drop", "keep-with-correction"] = Field(
+        "keep-with-correction",
+        description="What a trainer does with a sample more than max_staleness versions old: drop it (counted), or train on it with the importance-weight correction like every stale sample.",
     )
     partner_timeout_s: float = Field(
         120.0, gt=0, le=86_400, description="Wait this long for the partner before failing the job."

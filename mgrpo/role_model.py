@@ -1,7 +1,14 @@
 """One role's model as its trainer holds it, for every trainer of every workflow: the starting
 weights (warm start, a `path`, or the role's checkpoint of the last step its ledger holds), the
 optimizer, the rollout engine, the frozen reference (KL), the update on `Sample`s and the checkpoint.
-The trainers add the store around it (ledger, policy versions, streams)."""
+The trainers add the store around it (ledger, policy versions, streams).
+
+Staleness (max_staleness ≥ 1, pipelined): the `hf` engine samples from its own copy of the weights,
+so rollouts never pause for an update; each update is pushed to it and bumps the policy version. A
+sample's staleness is the trained version minus the version that sampled it (its oldest turn). Within
+the bound it is trained with the importance-weight correction (`mgrpo.training`); beyond it,
+`stale_samples` decides: `drop` (counted) or `keep-with-correction`. Reported per update:
+`staleness_<k>` (share of samples k versions old), `stale_dropped`, `stale_beyond_bound`."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import torch
 
 from mgrpo.checkpoint import CheckpointInfo, latest_checkpoint, restore_trainer_state, save_checkpoint
 from mgrpo.config import JobConfig
+from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load, place
 from mgrpo.runtime import reference_model, role_model_source, rollout_engine
 from mgrpo.sample import Sample
@@ -37,9 +45,8 @@ class RoleModel:
             restore_trainer_state(resume, self.optimizer)
         self.version = resume.version if resume else 0
         self.start_step = last_step + 1
-        self.engine = rollout_engine(
-            self.model, self.tokenizer, sglang_url, weights=source, max_batch=max_batch
-        )
+        self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source, max_batch=max_batch,
+                                     own_weights=cfg.max_staleness > 0, version=self.version)  # fmt: skip
         self.spec = cfg.model_of("planner" if role == "single" else role)
         self.settings = UpdateSettings.of(optim, self.spec.temperature)
         self.ref_model = reference_model(cfg, model_role or role, cache_dir, device)
@@ -49,22 +56,47 @@ class RoleModel:
         return int(self.tokenizer.pad_token_id)
 
     def update(self, samples: Sequence[Sample], *, seed: int) -> dict[str, float]:
-        """One clipped-PPO update on `samples` (advantages filled), rollouts paused meanwhile; bumps the
-        policy version. Returns the update's metrics ({} when there is nothing to train on)."""
+        """One clipped-PPO update on `samples` (advantages filled; rollouts paused meanwhile when the
+        engine shares the weights); bumps the policy version and hands the engine the new weights.
+        Returns the update's metrics ({} when there is nothing to train on)."""
         if not samples:
             return {}
+        kept, report = self.triage(samples)
+        if not kept:
+            return report
         with self.engine.paused():
-            metrics = ppo_update(self.model, self.optimizer, [(s.transcript, s.advantage) for s in samples],
-                                 self.settings, pad_id=self.pad_id, seed=seed, ref_model=self.ref_model)  # fmt: skip
-        self.version += 1
-        return metrics
+            metrics = ppo_update(self.model, self.optimizer, [(s.transcript, s.advantage) for s in kept],
+                                 self.settings, pad_id=self.pad_id, seed=seed, ref_model=self.ref_model,
+                                 stale=[s.policy_version < self.version for s in kept])  # fmt: skip
+            self.version += 1
+            if self.engine.shares_weights:
+                self.engine.weights_version = self.version
+        if isinstance(self.engine, HFEngine) and not self.engine.shares_weights:
+            self.engine.push_weights(self.model, self.version)
+        return {**metrics, **report}
+
+    def drops(self, sample: Sample) -> bool:
+        """Whether the next update leaves `sample` out (beyond the bound, `stale_samples: drop`)."""
+        beyond = self.version - sample.policy_version > self.cfg.max_staleness
+        return beyond and self.cfg.stale_samples == "drop"
+
+    def triage(self, samples: Sequence[Sample]) -> tuple[list[Sample], dict[str, float]]:
+        """The samples to train on and the staleness report (see the module docstring)."""
+        bound = self.cfg.max_staleness
+        lag = [max(self.version - s.policy_version, 0) for s in samples]
+        beyond = [d > bound for d in lag]
+        kept = [s for s in samples if not self.drops(s)]
+        report = {f"staleness_{k}": lag.count(k) / len(lag) for k in range(bound + 1)}
+        report["stale_beyond_bound"] = float(sum(beyond))
+        report["stale_dropped"] = float(len(samples) - len(kept))
+        return kept, report
 
     def save(self, step: int, *, push: bool = True) -> CheckpointInfo:
         """Checkpoint the step; an engine with its own weights (SGLang) loads them (when `push`)."""
         ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=step,
                                version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
-        if push and not self.engine.shares_weights:
-            self.engine.update_weights(str(ckpt.path))
+        if push and not self.engine.shares_weights and not isinstance(self.engine, HFEngine):
+            self.engine.update_weights(str(ckpt.path), self.version)  # an SGLang server reads the folder
         return ckpt
 
     def close(self) -> None:

@@ -94,13 +94,16 @@ def rollout_engine(
     *,
     weights: str,
     max_batch: int = 64,
+    own_weights: bool = False,
+    version: int = 0,
 ) -> RolloutEngine:
-    """The trainer's rollout engine: the in-process `hf` engine on its own model, or, with
-    `sglang_url`, that SGLang server, first loaded with `weights` (a folder the server can read)."""
+    """The trainer's rollout engine: the in-process `hf` engine on the trainer's model (`own_weights`:
+    on its own copy, swapped at each push), or, with `sglang_url`, that SGLang server, first loaded
+    with `weights` (a folder the server can read) as policy `version`."""
     if not sglang_url:
-        return HFEngine(model, tokenizer, max_batch=max_batch)
+        return HFEngine(model, tokenizer, max_batch=max_batch, own_weights=own_weights, version=version)
     engine = SGLangEngine(sglang_url, eos_token_id=tokenizer.eos_token_id)
-    engine.update_weights(weights)
+    engine.update_weights(weights, version)
     return engine
 
 

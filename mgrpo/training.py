@@ -3,6 +3,11 @@
 Both trainers call this one function; the loss itself is `mgrpo.algo.policy_loss`. A sample is a
 transcript (token ids, logp_old, loss mask) with its sequence advantage; duplicated samples (from
 trajectory alignment) are passed as many times as they occur and so count in the loss.
+
+Stale samples (sampled by an older policy version than the one being trained, SPEC §11): before the
+first minibatch, one no-grad pass of the current model over them gives `logp_prox`; the loss then
+clips the ratio against it and weights each token by min(exp(logp_prox − logp_old), `is_cap`). Fresh
+samples keep logp_prox = logp_old, so a batch without stale samples trains exactly as before.
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ class UpdateSettings:
     temperature: float = 1.0
     kl_coef: float = 0.0
     compile: bool = False
+    is_cap: float = 2.0
 
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
         """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
         return cls(optim.ppo_epochs, optim.minibatch_size, optim.clip_low, optim.clip_high, optim.loss_agg,
-                   optim.max_grad_norm, temperature, optim.kl_coef, optim.compile)  # fmt: skip
+                   optim.max_grad_norm, temperature, optim.kl_coef, optim.compile, optim.is_cap)  # fmt: skip
 
 
 def ppo_update(
@@ -50,14 +56,19 @@ def ppo_update(
     pad_id: int,
     seed: int = 0,
     ref_model: PreTrainedModel | None = None,
+    stale: Sequence[bool] | None = None,
 ) -> dict[str, float]:
     """Run `ppo_epochs` passes of minibatch updates; returns mean metrics (loss, clip_frac, approx_kl,
-    grad_norm, tokens; kl_ref with a `ref_model`). Samples whose advantage is 0 still count (they are
-    real group members). `ref_model` (frozen) is needed when `settings.kl_coef` > 0."""
+    grad_norm, tokens; kl_ref with a `ref_model`; is_weight_mean, is_capped_frac when any sample is
+    `stale`). Samples whose advantage is 0 still count (they are real group members). `ref_model`
+    (frozen) is needed when `settings.kl_coef` > 0. `stale[i]`: sample i came from an older policy."""
     if settings.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs ref_model (the frozen starting model)")
     if not samples:
         return {"samples": 0.0}
+    if stale is not None and len(stale) != len(samples):
+        raise ValueError(f"stale has {len(stale)} flags for {len(samples)} samples")
+    prox = _proximal_logprobs(model, samples, stale, settings, pad_id)
     rng = random.Random(seed)
     totals: dict[str, float] = {}
     n_updates = 0
@@ -67,7 +78,8 @@ def ppo_update(
         rng.shuffle(order)
         for start in range(0, len(order), settings.minibatch_size):
             idx = order[start : start + settings.minibatch_size]
-            metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id, ref_model)
+            metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id, ref_model,
+                                 None if prox is None else [prox[i] for i in idx])  # fmt: skip
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             n_updates += 1
@@ -75,6 +87,30 @@ def ppo_update(
     out = {k: v / n_updates for k, v in totals.items()}
     out["samples"] = float(len(samples))
     out["updates"] = float(n_updates)
+    return out
+
+
+def _proximal_logprobs(
+    model: PreTrainedModel,
+    samples: Sequence[tuple[Transcript, float]],
+    stale: Sequence[bool] | None,
+    s: UpdateSettings,
+    pad_id: int,
+) -> list[torch.Tensor | None] | None:
+    """logp_prox of every stale sample (its shifted token log-probs under `model` before this update,
+    length len − 1); None for fresh ones; None overall when no sample is stale."""
+    if stale is None or not any(stale):
+        return None
+    out: list[torch.Tensor | None] = [None] * len(samples)
+    idx = [i for i, flag in enumerate(stale) if flag]
+    model.train()  # the mode the loss's forward runs in
+    with torch.no_grad():
+        for start in range(0, len(idx), s.minibatch_size):
+            chunk = idx[start : start + s.minibatch_size]
+            batch = collate([samples[i][0] for i in chunk], pad_id).to(model.device)
+            logp = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)
+            for row, i in enumerate(chunk):
+                out[i] = logp[row, : len(samples[i][0]) - 1].float().cpu()
     return out
 
 
@@ -96,8 +132,15 @@ def _minibatch(
     s: UpdateSettings,
     pad_id: int,
     ref_model: PreTrainedModel | None,
+    prox: list[torch.Tensor | None] | None = None,
 ) -> dict[str, float]:
     batch = collate([t for t, _ in batch_samples], pad_id).to(model.device)
+    logp_prox = None
+    if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
+        logp_prox = batch.logp_old.clone()
+        for row, p in enumerate(prox):
+            if p is not None:
+                logp_prox[row, : p.numel()] = p.to(logp_prox.device)
     adv = torch.tensor([a for _, a in batch_samples], dtype=torch.float32, device=model.device)  # (B,)
     ref_logp = None
     if ref_model is not None:
@@ -110,7 +153,8 @@ def _minibatch(
         forward, batch.input_ids, batch.attention_mask, temperature=s.temperature
     )  # (B, T-1)
     loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
-                                clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef)  # fmt: skip
+                                clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef,
+                                logp_prox=logp_prox, is_cap=s.is_cap)  # fmt: skip
     optimizer.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)

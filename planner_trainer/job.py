@@ -1,10 +1,11 @@
 """One job on the planner service: the step loop.
 
-Per step s (phases timed by `PhaseTimer` as `timing/<name>`): `wait_partner` (the sub-agent applied step
-s − 1 − max_staleness) → `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP
-call to the sub-agent service) → `reward` (R_M, SPEC §3) → per-query statistics to Redis → `adv`
-(over each query's K rollouts, SPEC §5) → `update` (clipped PPO, SPEC §6) → `checkpoint` → ledger,
-policy version s+1, progress. `exchange_redis` is the Redis time on this path (statistics, ledger,
+Per step s (phases timed by `PhaseTimer` as `timing/<name>`), produced (`RootJob`: pipelined when
+max_staleness ≥ 1): `wait_trainer`/`wait_partner` (every trainer applied step s − 1 − max_staleness)
+→ `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP call to the sub-agent
+service) → `reward` (R_M, SPEC §3) → per-query statistics to Redis (the sub-agent's training queue);
+then trained: `adv` (over each query's K rollouts, SPEC §5) → `update` (clipped PPO, SPEC §6) →
+`checkpoint` → ledger, policy version, progress. `exchange_redis` is the Redis time on this path (statistics, ledger,
 version, progress); `exchange_http_critical` the longest per-rollout sum of delegation time spent in
 HTTP and Redis rather than in the sub-agent's model (from its `Server-Timing` header). A restarted trainer resumes after the last step its
 ledger holds, from that step's checkpoint.
@@ -29,8 +30,7 @@ from mgrpo.tasks.deep_research import Question, make_questions
 from mgrpo.timing import PhaseTimer
 from mgrpo.workflows.deep_research import callee_of, episodes_by_role, planner_samples
 from planner_trainer.delegate import PartnerError, SubagentClient
-from planner_trainer.partners import wait_applied
-from planner_trainer.root import RootJob
+from planner_trainer.root import Rollouts, RootJob
 from shared_store import Store
 from shared_store.schemas import (
     MetricsEvent,
@@ -61,20 +61,38 @@ class PlannerJob(RootJob):
             PolicyVersion(job_id=job_id, role="planner", version=self.m.version, step=last)
         )
 
-    def step(self, step: int) -> dict[str, float]:
+    def produce(self, step: int) -> Rollouts:
         timer = PhaseTimer()
-        with timer("wait_partner"):
-            self._wait_partner(step)
+        self.wait_bound(step, timer)
         questions = self._questions(step)
         with timer("rollout"):
             transcripts, delegations = self._rollouts(step, questions)
         with timer("reward"):
             qids = [f"q{qi}" for qi in range(len(questions))]
             samples, correct = planner_samples(qids, transcripts, [q.answer for q in questions], self.task.correct,
-                                               self.cfg.rollouts_per_query, self.version)  # fmt: skip
+                                               self.cfg.rollouts_per_query, self.m.engine.weights_version)  # fmt: skip
         with timer("exchange_redis"):
+            stats = self._query_stats(samples, correct, delegations)
             publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
-                         policy_version=self.version, queries=self._query_stats(samples, correct, delegations)))  # fmt: skip
+                         policy_version=self.version, queries=stats))  # fmt: skip
+            self.store.accounts.record(self.job_id, "planner", step, produced=len(samples))
+            for role in self.remote if self.cfg.mode == "co_train" else ():
+                self.store.accounts.record(self.job_id, role, step, first_wins=True, produced=sum(
+                    len(set(r.episodes.get(role, []))) for q in stats for r in q.rollouts))  # fmt: skip
+        exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
+        every = [d for dels in delegations for d in dels]
+        values = {
+            "planner/reward_mean": float(np.mean([s.reward for s in samples])), "planner/success": float(np.mean(correct)),
+            "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
+            "planner/delegations_mean": float(np.mean([len(d) for d in delegations])),
+            "timing/exchange_http_critical": max(exchange, default=0.0),
+            "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
+            "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
+        }  # fmt: skip
+        return Rollouts(step, samples, timer, values)
+
+    def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
+        step, samples, timer = rollouts.step, rollouts.samples, rollouts.timer
         with timer("adv"):
             adv = assign_advantages(samples)
         with timer("update"):
@@ -82,24 +100,19 @@ class PlannerJob(RootJob):
         with timer("checkpoint"):
             ckpt = self.m.save(step)
         with timer("exchange_redis"):
+            dropped = int(metrics.get("stale_dropped", 0))
+            self.store.accounts.record(
+                self.job_id, "planner", step, trained=len(samples) - dropped, dropped=dropped
+            )
             self._commit(step, ckpt.path)
-        rewards = [s.reward for s in samples]
-        exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
-        every = [d for dels in delegations for d in dels]
         values = {
-            **{f"planner/{k}": v for k, v in metrics.items()},
-            "planner/reward_mean": float(np.mean(rewards)), "planner/success": float(np.mean(correct)),
-            "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
-            "planner/delegations_mean": float(np.mean([len(d) for d in delegations])), "planner/adv_std": float(adv.std()),
-            "planner/version": float(self.version), **timer.values(),
-            "timing/exchange_http_critical": max(exchange, default=0.0),
-            "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
-            "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
+            **{f"planner/{k}": v for k, v in metrics.items()}, **rollouts.values,
+            "planner/adv_std": float(adv.std()), "planner/version": float(self.version), **self.finish_values(rollouts),
         }  # fmt: skip
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", values=values)
         )
-        return values
+        return step, values
 
     def _commit(self, step: int, ckpt: Path) -> None:
         """The step is done: ledger, policy version, progress (and garbage collection) in Redis."""
@@ -162,18 +175,6 @@ class PlannerJob(RootJob):
             out.append(QueryStats(query_id=samples[qi * K].group, rollouts=stats, reward_mean=float(rr.mean()),
                                   reward_std=float(rr.std())))  # fmt: skip
         return out
-
-    def _wait_partner(self, step: int) -> None:
-        if self.cfg.mode != "co_train":
-            return  # main_only: the sub-agent never updates; single_agent: there is none
-        wait_applied(self.store, self.job_id, self.remote, step - 1 - self.cfg.max_staleness,
-                     timeout_s=self.cfg.partner_timeout_s)  # fmt: skip
-
-    def finish(self) -> None:
-        """The job is done when every sub-agent role has consumed the last step too."""
-        wait_applied(
-            self.store, self.job_id, self.remote, self.cfg.steps - 1, timeout_s=self.cfg.partner_timeout_s
-        )
 
     def close(self) -> None:
         self.m.close()

@@ -1,11 +1,11 @@
 """One MarsRL job on the root (solver) service: the step loop (SPEC §9).
 
-Per step s (phases timed as `timing/<name>`): `wait_partner` (every callee trainer applied step
-s − 1 − max_staleness) → `rollout` (the grouped S → V → C → V → C program of `mgrpo.workflows.marsrl`
+Per step s (phases timed as `timing/<name>`), produced (`RootJob`: pipelined when max_staleness ≥ 1):
+`wait_trainer`/`wait_partner` (every trainer applied step s − 1 − max_staleness) → `rollout` (the grouped S → V → C → V → C program of `mgrpo.workflows.marsrl`
 over the step's problems; a role that shares the root's model samples here, any other role is an
 HTTP call to its service, which records the episode) → `reward` (agent-specific or outcome, filled by
-the program) → `exchange_redis` (each callee role's scored groups to its `batch.<role>` stream) →
-`adv` (per (role, group)) → `update` (the root's model on the samples of every role it holds) →
+the program) → `exchange_redis` (each callee role's scored groups to its `batch.<role>` stream, its
+training queue); then trained: `adv` (per (role, group)) → `update` (the root's model on the samples of every role it holds) →
 `checkpoint` → ledger, policy version, progress. The job succeeds once every callee applied the last
 step.
 """
@@ -28,8 +28,7 @@ from mgrpo.timing import PhaseTimer
 from mgrpo.workflows import MARSRL
 from mgrpo.workflows.marsrl import Attempt, MarsSettings, Output, rollout_step
 from planner_trainer.delegate import PartnerError, SubagentClient
-from planner_trainer.partners import wait_applied
-from planner_trainer.root import RootJob
+from planner_trainer.root import Rollouts, RootJob
 from shared_store import Store, keys
 from shared_store.schemas import EpisodeGroup, MetricsEvent, PolicyVersion, RoleBatch, ScoredEpisode
 from shared_store.streams import publish_metrics, publish_step
@@ -62,34 +61,36 @@ class MarsRootJob(RootJob):
             PolicyVersion(job_id=job_id, role=self.root, version=self.m.version, step=last)
         )
 
-    def finish(self) -> None:
-        wait_applied(
-            self.store, self.job_id, self.remote, self.cfg.steps - 1, timeout_s=self.cfg.partner_timeout_s
-        )
-
     def problems(self, step: int) -> list[Problem]:
         rng = random.Random(f"{self.cfg.seed}:{self.cfg.run_seed}:{step}")
         return rng.sample(self.pool, self.cfg.prompts_per_step)
 
-    def step(self, step: int) -> dict[str, float]:
+    def produce(self, step: int) -> Rollouts:
         timer = PhaseTimer()
-        with timer("wait_partner"):
-            wait_applied(self.store, self.job_id, self.remote, step - 1 - self.cfg.max_staleness,
-                         timeout_s=self.cfg.partner_timeout_s)  # fmt: skip
+        self.wait_bound(step, timer)
         with timer("rollout"):
             attempts = rollout_step(self.problems(step), lambda *a: self._run(step, *a), self.settings, step)
-        with timer("exchange_redis"):
-            for role in self.remote:
-                publish_step(
-                    self.store.client,
-                    keys.batch_stream(role),
-                    role_batch(self.job_id, step, self.version, role, attempts),
-                )
         samples = [
-            Sample(a.role, a.group, a.ref, a.reward, policy_version=self.version)
+            Sample(a.role, a.group, a.ref, a.reward, policy_version=_version(a.ref, self.m.engine.weights_version))
             for a in attempts
             if a.role in self.local
-        ]
+        ]  # fmt: skip
+        with timer("exchange_redis"):
+            for role in self.remote:
+                batch = role_batch(self.job_id, step, self.version, role, attempts)
+                publish_step(self.store.client, keys.batch_stream(role), batch)
+                self.store.accounts.record(
+                    self.job_id,
+                    role,
+                    step,
+                    first_wins=True,
+                    produced=len({e.episode_id for g in batch.groups for e in g.episodes}),
+                )
+            self.store.accounts.record(self.job_id, self.root, step, produced=len(samples))
+        return Rollouts(step, samples, timer, attempt_metrics(attempts))
+
+    def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
+        step, samples, timer = rollouts.step, rollouts.samples, rollouts.timer
         with timer("adv"):
             assign_advantages(samples)
         with timer("update"):
@@ -97,14 +98,18 @@ class MarsRootJob(RootJob):
         with timer("checkpoint"):
             ckpt = self.m.save(step)
         with timer("exchange_redis"):
+            dropped = int(metrics.get("stale_dropped", 0))
+            self.store.accounts.record(
+                self.job_id, self.root, step, trained=len(samples) - dropped, dropped=dropped
+            )
             self.store.commit_step(PolicyVersion(job_id=self.job_id, role=self.root, version=self.version, step=step,
                                                  checkpoint=str(ckpt.path)), roles=self.cfg.trainer_roles)  # fmt: skip
-        values = {**{f"{self.root}/{k}": v for k, v in metrics.items()}, **attempt_metrics(attempts),
-                  f"{self.root}/version": float(self.version), **timer.values()}  # fmt: skip
+        values = {**{f"{self.root}/{k}": v for k, v in metrics.items()}, **rollouts.values,
+                  f"{self.root}/version": float(self.version), **self.finish_values(rollouts)}  # fmt: skip
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role=self.root, values=values)
         )
-        return values
+        return step, values
 
     def _run(self, step: int, role: str, prompt: str, n: int, group: str) -> list[Output]:
         """n outputs of `role` on one input: sampled here when the root holds the role's model, else
@@ -119,6 +124,12 @@ class MarsRootJob(RootJob):
     def close(self) -> None:
         self.http.shutdown(wait=False, cancel_futures=True)
         self.m.close()
+
+
+def _version(ref: object, fallback: int) -> int:
+    """The policy version a local attempt's transcript was sampled from."""
+    v = getattr(ref, "policy_version", None)
+    return fallback if v is None else int(v)
 
 
 def role_batch(job_id: str, step: int, version: int, role: str, attempts: list[Attempt]) -> RoleBatch:

@@ -5,6 +5,7 @@ step. A wait ends with `PartnerError` naming the role after the job's `partner_t
 
 from __future__ import annotations
 
+import threading
 import time
 
 from planner_trainer.delegate import PartnerError
@@ -12,8 +13,10 @@ from shared_store import Store
 from shared_store.jobs import JobCancelled
 
 
-def wait_applied(store: Store, job_id: str, roles: tuple[str, ...], step: int, *, timeout_s: float) -> None:
-    """Block until every role in `roles` has `step` in the ledger (nothing to wait for when step < 0)."""
+def wait_applied(store: Store, job_id: str, roles: tuple[str, ...], step: int, *, timeout_s: float,
+                 stop: threading.Event | None = None) -> None:  # fmt: skip
+    """Block until every role in `roles` has `step` in the ledger (nothing to wait for when step < 0);
+    returns early when `stop` is set."""
     if step < 0:
         return
     deadline = time.monotonic() + timeout_s
@@ -25,4 +28,6 @@ def wait_applied(store: Store, job_id: str, roles: tuple[str, ...], step: int, *
                 )
             if store.jobs.cancel_requested(job_id):
                 raise JobCancelled()
-            time.sleep(0.05)
+            if stop is not None and stop.wait(0.02):
+                return
+            time.sleep(0 if stop is not None else 0.05)

@@ -1,14 +1,49 @@
 """What every root-role trainer shares: the step loop over the job's steps (a cancel stops it
-between steps) and the wait for the callee roles to finish the last step."""
+between steps), the bound on how far rollouts run ahead, and the wait for the callee roles to finish
+the last step.
+
+A step is two halves: `produce(step)` (wait for the bound, roll out, score, hand every callee role its
+share of the step through its Redis stream) and `train(rollouts)` (the root's own update, checkpoint,
+ledger). With `max_staleness: 0` they alternate on one thread, synchronously (the paper's schedule).
+With `max_staleness: S ≥ 1` they are a pipeline: a rollout thread produces step s + 1 while the
+trainer updates on step s, and the rollout of step s starts once every trainer of the job, the root
+included, has applied step s − 1 − S — so no sample is more than S versions older than the policy it
+trains. The root's own samples wait for its trainer in an in-process queue; `timing/wait_partner` is
+the rollout side's wait for the callee roles, `timing/wait_trainer` its wait for the root's own
+update, `timing/period` the time between two finished steps (the pipeline's throughput).
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from mgrpo.config import JobConfig
 from mgrpo.role_model import RoleModel
+from mgrpo.sample import Sample
+from mgrpo.timing import PhaseTimer
+from planner_trainer.partners import wait_applied
 from shared_store import Store
 from shared_store.jobs import JobCancelled
+
+
+@dataclass
+class Rollouts:
+    """One produced step, handed from the rollout side to the root's trainer."""
+
+    step: int
+    samples: list[Sample]  # the root trainer's own samples, rewards filled
+    timer: PhaseTimer
+    values: dict[str, float] = field(default_factory=dict)  # the rollout's metrics
+    extra: Any = None  # what a workflow's `train` needs besides the samples
+
+
+class _Stopped(Exception):
+    """The trainer side ended; the rollout thread leaves quietly."""
 
 
 class RootJob:
@@ -17,23 +52,98 @@ class RootJob:
     cfg: JobConfig
     m: RoleModel
     start_step: int
+    remote: tuple[str, ...]  # the callee roles with trainers of their own
 
     @property
     def version(self) -> int:
         return self.m.version
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        for step in range(self.start_step, self.cfg.steps):
-            if self.store.jobs.cancel_requested(self.job_id):
-                raise JobCancelled()
-            values = self.step(step)
-            if on_step:
-                on_step(step, values)
+        self._applied = self.start_step - 1  # the root trainer's last applied step
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._last_done = time.perf_counter()
+        if self.cfg.max_staleness == 0:
+            for step in range(self.start_step, self.cfg.steps):
+                self._check_cancel()
+                self._done(self.train(self.produce(step)), on_step)
+        else:
+            self._run_pipelined(on_step)
         self.finish()
 
-    def step(self, step: int) -> dict[str, float]:
+    def _run_pipelined(self, on_step: Callable[[int, dict[str, float]], None] | None) -> None:
+        handoff: queue.Queue[Rollouts | BaseException] = queue.Queue()
+
+        def produce_all() -> None:
+            try:
+                for step in range(self.start_step, self.cfg.steps):
+                    self._check_cancel()
+                    handoff.put(self.produce(step))
+            except _Stopped:
+                return
+            except BaseException as exc:  # the trainer side raises it
+                handoff.put(exc)
+
+        rollouts = threading.Thread(target=produce_all, name="root-rollouts", daemon=True)
+        rollouts.start()
+        try:
+            for _ in range(self.start_step, self.cfg.steps):
+                item = handoff.get()
+                if isinstance(item, BaseException):
+                    raise item
+                self._done(self.train(item), on_step)
+        finally:
+            self._stop.set()
+            with self._cond:
+                self._cond.notify_all()
+            rollouts.join(timeout=self.cfg.partner_timeout_s)
+
+    def _done(self, rollouts_values: tuple[int, dict[str, float]], on_step: Callable[[int, dict[str, float]], None] | None) -> None:  # fmt: skip
+        step, values = rollouts_values
+        with self._cond:
+            self._applied = step
+            self._cond.notify_all()
+        if on_step:
+            on_step(step, values)
+
+    def _check_cancel(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped()
+        if self.store.jobs.cancel_requested(self.job_id):
+            raise JobCancelled()
+
+    def wait_bound(self, step: int, timer: PhaseTimer) -> None:
+        """Before rolling out `step`: every trainer applied step − 1 − max_staleness (the root's own
+        trainer: in-process; the callee roles': by their ledgers)."""
+        bound = step - 1 - self.cfg.max_staleness
+        with timer("wait_trainer"), self._cond:
+            while self._applied < bound:
+                if self._stop.is_set():
+                    raise _Stopped()
+                self._cond.wait(0.1)
+        if self.cfg.mode != "co_train":
+            return  # main_only: the sub-agent never updates; single_agent: there is none
+        with timer("wait_partner"):
+            wait_applied(self.store, self.job_id, self.remote, bound, timeout_s=self.cfg.partner_timeout_s,
+                         stop=self._stop)  # fmt: skip
+        if self._stop.is_set():
+            raise _Stopped()
+
+    def finish_values(self, rollouts: Rollouts) -> dict[str, float]:
+        """The step's timings and its period (seconds since the previous finished step)."""
+        now = time.perf_counter()
+        period, self._last_done = now - self._last_done, now
+        return {**rollouts.timer.values(), "timing/period": period}
+
+    def produce(self, step: int) -> Rollouts:
+        raise NotImplementedError
+
+    def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
+        """Train on one produced step; returns (step, the step's metrics)."""
         raise NotImplementedError
 
     def finish(self) -> None:
         """Return once every callee role applied the last step (the job then succeeds)."""
-        raise NotImplementedError
+        wait_applied(
+            self.store, self.job_id, self.remote, self.cfg.steps - 1, timeout_s=self.cfg.partner_timeout_s
+        )

@@ -43,6 +43,7 @@ class LocalCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per role, over extra_env
     roles: tuple[str, ...] = ROLES  # trainer roles, root first
+    cpus: dict[str, str] = field(default_factory=dict)  # role → `taskset -c` CPU list (e.g. "0"), to pin it
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
@@ -88,7 +89,9 @@ class LocalCluster:
 
     def start_role(self, role: str) -> None:
         log = (self.run_dir / "logs" / f"{role}.log").open("ab")
+        pin = ["taskset", "-c", self.cpus[role]] if role in self.cpus else []
         cmd = [
+            *pin,
             sys.executable,
             "-m",
             "services.cli",

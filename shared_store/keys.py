@@ -118,6 +118,12 @@ def checkpoints(job_id: str) -> str:
     return f"{_job(job_id)}:checkpoints"
 
 
+def sample_counts(job_id: str) -> str:
+    """HASH `<role>:<kind>:<step>` → count (kind: produced, trained, dropped, unaligned): each role's
+    training queue, accounted per step."""
+    return f"{_job(job_id)}:sample_counts"
+
+
 def metrics(job_id: str) -> str:
     """HASH role → latest MetricsEvent JSON of that role."""
     return f"{_job(job_id)}:metrics"

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from shared_store.accounts import SampleAccounts
 from shared_store.connection import connect
 from shared_store.episodes import EpisodeStore
 from shared_store.jobs import JobRegistry
@@ -22,6 +23,7 @@ class Store:
     ledger: StepLedger = field(init=False)
     policies: PolicyRegistry = field(init=False)
     progress: Progress = field(init=False)
+    accounts: SampleAccounts = field(init=False)
 
     def __post_init__(self) -> None:
         self.jobs = JobRegistry(self.client)
@@ -29,6 +31,7 @@ class Store:
         self.ledger = StepLedger(self.client)
         self.policies = PolicyRegistry(self.client)
         self.progress = Progress(self.client, self.episodes)
+        self.accounts = SampleAccounts(self.client)
 
     def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
         """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy

@@ -94,8 +94,8 @@ class CalleeJob:
         lookup_s = time.perf_counter() - t0
         if recorded is not None:
             return recorded[0], lookup_s
-        version = self.version
         tr, expert, result = self.episode(subtask)
+        version = self.m.engine.weights_version if tr.policy_version is None else tr.policy_version
         meta = EpisodeMeta(
             job_id=self.job_id, step=step, policy_version=version, episode_id=episode_id(step, query_id, rollout, call),
             query_id=query_id, rollout=rollout, call=call, n_tokens=len(tr), format_ok=tr.format_ok,
@@ -127,6 +127,10 @@ class CalleeJob:
                 raise JobCancelled()
             consume_once(consumer, self.store.ledger, self.role, self.train_step, count=1, block_ms=200)
 
+    def handed(self, msg: Any) -> set[str]:
+        """The episode ids the step's intake message hands this role."""
+        raise NotImplementedError
+
     def assemble(self, msg: Any, timer: PhaseTimer) -> tuple[list[Sample], dict[str, float]]:
         """The step's samples (rewards and groups filled) and extra metrics."""
         raise NotImplementedError
@@ -138,6 +142,12 @@ class CalleeJob:
             samples, extra = self.assemble(msg, timer)
         with timer("adv"):
             adv = assign_advantages(samples)
+        if self.trains:  # the role's queue, accounted per step in unique episodes
+            handed = self.handed(msg)
+            used = {s.episode_id for s in samples}
+            dropped = {s.episode_id for s in samples if self.m.drops(s)}
+            self.store.accounts.record(self.job_id, r, msg.step, trained=len(used - dropped), dropped=len(dropped),
+                                       unaligned=len(handed - used))  # fmt: skip
         with timer("update"):
             metrics = self.m.update(samples, seed=msg.step) if self.trains else {}
         with timer("checkpoint"):
@@ -183,6 +193,9 @@ class SubagentJob(CalleeJob):
         expert = self.task.judge(text, tr.final or "") if tr.format_ok else 0.0
         return tr, expert, tr.final if tr.format_ok and tr.final else "no result"
 
+    def handed(self, msg: PlannerStepStats) -> set[str]:
+        return {e for q in msg.queries for r in q.rollouts for e in r.episodes.get(self.role, [])}
+
     def assemble(self, msg: PlannerStepStats, timer: PhaseTimer) -> tuple[list[Sample], dict[str, float]]:
         samples: list[Sample] = []
         empty = 0
@@ -220,6 +233,9 @@ class RoleJob(CalleeJob):
         if not parse_turn(result).format_ok:
             tr.fail("format_error")
         return tr, math.nan, result
+
+    def handed(self, msg: RoleBatch) -> set[str]:
+        return {e.episode_id for g in msg.groups for e in g.episodes}
 
     def assemble(self, msg: RoleBatch, timer: PhaseTimer) -> tuple[list[Sample], dict[str, float]]:
         ids = [e.episode_id for g in msg.groups for e in g.episodes]

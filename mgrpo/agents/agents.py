@@ -196,6 +196,7 @@ class TurnAgent:
         for s in samples:
             tr = Transcript.start(ids)
             tr.add(s.token_ids, s.logprobs, generated=True)
+            tr.sampled_by(s.weights_version)
             if s.finish_reason != "stop":
                 tr.fail("format_error")
             out.append((s.text, tr))

@@ -28,6 +28,7 @@ class Transcript:
     format_ok: bool = True
     finish: Finish = ""
     final: str | None = None
+    policy_version: int | None = None  # the oldest weights version any generated turn came from
 
     @classmethod
     def start(cls, prompt_ids: list[int]) -> Transcript:
@@ -37,6 +38,10 @@ class Transcript:
         self.token_ids += ids
         self.logp += logp if logp is not None else [0.0] * len(ids)
         self.mask += [1 if generated else 0] * len(ids)
+
+    def sampled_by(self, version: int) -> None:
+        """Record that a generated turn came from policy `version` (the transcript keeps the oldest)."""
+        self.policy_version = version if self.policy_version is None else min(self.policy_version, version)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -75,6 +80,7 @@ def run_agent(
             [tr.token_ids], replace(params, max_new_tokens=min(params.max_new_tokens, budget), seed=seed)
         )
         tr.add(sample.token_ids, sample.logprobs, generated=True)
+        tr.sampled_by(sample.weights_version)
         if sample.finish_reason != "stop":
             tr.fail("format_error")  # ran out of tokens or emitted EOS before a closing tag
             return tr

@@ -42,23 +42,26 @@ class Sample:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason = "length"
     text: str = ""
+    weights_version: int = 0  # the policy version of the weights that sampled it (engines that track it)
 
 
 class RolloutEngine(Protocol):
     """Generate continuations of token-id prompts. Implementations are thread-safe: concurrent
     callers are batched together.
 
-    `shares_weights`: the engine samples from the trainer's own model object (the in-process `hf`
-    engine), so an update is live at once; otherwise (an SGLang server) the trainer pushes each new
-    checkpoint with `update_weights`. `paused()` holds generation while the trainer changes weights
-    the engine shares."""
+    `shares_weights`: the engine samples from the trainer's own model object (the default in-process
+    `hf` engine), so an update is live at once; otherwise (an SGLang server, an `hf` engine with its
+    own copy) the trainer pushes each new policy. `paused()` holds generation while the trainer
+    changes weights the engine shares. `weights_version`: the policy version new requests sample
+    from; every `Sample` records the version it came from."""
 
     shares_weights: bool
+    weights_version: int
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]: ...
 
-    def update_weights(self, path: str) -> None:
-        """Load new policy weights from a saved HF checkpoint folder."""
+    def update_weights(self, path: str, version: int | None = None) -> None:
+        """Load new policy weights (policy `version`, default: the next) from a saved HF folder."""
         ...
 
     def paused(self) -> AbstractContextManager[None]: ...

@@ -8,11 +8,19 @@ once, resolving their futures — so a request never waits for a whole batch to 
 multi-turn episode's next turn joins the batch its previous turn left. Rows with different
 temperatures and top-p share a step. `forward_passes` counts model calls (prefills and decode
 steps), `prefills` the admissions; 64 concurrent episodes cost about as many passes as one.
+
+Weights: by default the engine samples from the trainer's own model object (`shares_weights`), so
+the trainer pauses it while it updates (`paused()`). With `own_weights=True` it samples from its own
+copy and never pauses: `push_weights(model, version)` copies a finished update into a spare model and
+hands it to the worker, which swaps it in between two decode steps. Rows already running finish on
+the weights they started on (their batch keeps its model until it drains); rows admitted after the
+swap use the new ones, and each sample records the version it was sampled from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import queue
 import threading
@@ -38,14 +46,18 @@ class _Request:
     params: SamplingParams
     future: Future[Sample]
     generator: torch.Generator | None = None
+    version: int = 0
     sample: Sample = field(default_factory=Sample)
 
 
 @dataclass
 class _Batch:
-    """The running rows: row i's cache and `attn[i]` are left-padded to one length; `last[i]` is its
-    newest sampled token (fed at the next step) and `pos[i]` that token's position."""
+    """The running rows of one weights version: row i's cache and `attn[i]` are left-padded to one
+    length; `last[i]` is its newest sampled token (fed at the next step) and `pos[i]` that token's
+    position."""
 
+    model: PreTrainedModel
+    version: int
     rows: list[_Request]
     cache: DynamicCache
     attn: torch.Tensor  # (B, L) 1 on real tokens
@@ -54,8 +66,6 @@ class _Batch:
 
 
 class HFEngine:
-    shares_weights = True  # samples from the trainer's model object
-
     def __init__(
         self,
         model: PreTrainedModel,
@@ -64,8 +74,16 @@ class HFEngine:
         max_batch: int = 64,
         gather_ms: float = 5.0,
         intraop_threads: int | None = 1,
+        own_weights: bool = False,
+        version: int = 0,
     ) -> None:
-        self.model = model.eval()
+        self.shares_weights = not own_weights  # sampling from the trainer's model object
+        self.model = _copy(model) if own_weights else model.eval()  # the weights new rows start on
+        self.weights_version = version  # the version of `self.model`
+        self._pending: tuple[PreTrainedModel, int] | None = None  # pushed, not swapped in yet
+        self._spares: list[PreTrainedModel] = []  # drained old copies, reused by the next push
+        self._swap_lock = threading.Lock()
+        self.swaps = 0
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.gather_s = gather_ms / 1000  # an idle engine waits this long for company before its first step
@@ -89,11 +107,34 @@ class HFEngine:
         self._queue.put(_Request(list(prompt), params, fut, _generator(params.seed)))
         return fut
 
+    def push_weights(self, model: PreTrainedModel, version: int) -> None:
+        """Hand the engine a copy of `model`'s weights as policy `version` (own-weights engines only;
+        call it from the thread that updates `model`, between updates). Returns at once: the worker
+        swaps the copy in between two decode steps; running rows finish on their old weights."""
+        if self.shares_weights:
+            raise RuntimeError("push_weights needs an engine built with own_weights=True")
+        with self._swap_lock:
+            spare = self._spares.pop() if self._spares else None
+            stale = self._pending[0] if self._pending else None  # pushed but never used: reuse it
+            self._pending = None
+        if stale is not None and spare is not None:
+            with self._swap_lock:
+                self._spares.append(spare)
+        target = stale if stale is not None else spare if spare is not None else _copy(model)
+        with torch.no_grad():
+            for p_dst, p_src in zip(target.parameters(), model.parameters(), strict=True):
+                p_dst.copy_(p_src)
+            for b_dst, b_src in zip(target.buffers(), model.buffers(), strict=True):
+                b_dst.copy_(b_src)
+        with self._swap_lock:
+            self._pending = (target, version)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
         futures = [self.submit(p, params) for p in prompts]
         return [f.result() for f in futures]
 
-    def update_weights(self, path: str) -> None:
+    def update_weights(self, path: str, version: int | None = None) -> None:
+        """Load a saved checkpoint's weights (own-weights engines: as a push, swapped in between steps)."""
         with self.paused():
             state: dict[str, torch.Tensor] = {}
             for f in sorted(Path(path).glob("*.safetensors")):
@@ -102,16 +143,28 @@ class HFEngine:
                 raise ValueError(
                     f"no *.safetensors weights in {path}; save the checkpoint with save_pretrained"
                 )
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            target = self.model if self.shares_weights else _copy(self.model)
+            missing, unexpected = target.load_state_dict(state, strict=False)
             if unexpected or [m for m in missing if "lm_head" not in m]:
                 raise ValueError(
                     f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
                 )
+            version = self.weights_version + 1 if version is None else version
+            if self.shares_weights:
+                self.weights_version = version
+            else:
+                if "lm_head.weight" in missing and getattr(target.config, "tie_word_embeddings", False):
+                    target.tie_weights()
+                self.push_weights(target, version)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Hold generation while the trainer changes the weights in place: running rows finish on the
-        old weights, queued ones start on the new (no sample sees half an update)."""
+        old weights, queued ones start on the new (no sample sees half an update). An own-weights
+        engine never holds: the trainer's changes do not touch its copies."""
+        if not self.shares_weights:
+            yield
+            return
         with self._pauses_lock:
             self._pauses += 1
         try:
@@ -151,34 +204,59 @@ class HFEngine:
             got.append(item)
         return got, False
 
+    def _adopt_pushed(self) -> None:
+        """Make the newest pushed weights the ones new rows start on (worker thread only)."""
+        with self._swap_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self.model, self.weights_version = pending
+            self.swaps += 1
+
     def _serve(self, first: list[_Request]) -> bool:
-        """Step the running batch until it is empty, admitting queued requests between steps (not while
-        a trainer waits to pause). Returns whether close() was called."""
-        batch: _Batch | None = None
+        """Step the running batches until they are empty, admitting queued requests between steps (not
+        while a trainer waits to pause). Rows of one weights version share a batch; an older version's
+        batch takes no new rows and its model is kept as a spare once it drains. Returns whether
+        close() was called."""
+        batches: list[_Batch] = []  # oldest version first; the last one may be the current version's
         new, closing = self._take(self.max_batch - len(first))
         new = first + new
-        while batch is not None or new:
-            try:
-                batch, logits = self._step(batch, new)
-                batch = self._sample_and_retire(batch, logits)
-            except Exception as exc:  # a failed step fails its callers, never the worker
-                for r in (batch.rows if batch else []) + new:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-                batch = None
+        while batches or new:
+            self._adopt_pushed()
+            for r in new:
+                r.version = self.weights_version
+            current = batches[-1] if batches and batches[-1].model is self.model else None
+            stepped: list[_Batch] = []
+            for b in batches:
+                joining = new if b is current else []
+                try:
+                    stepped.append(self._sample_and_retire(*self._step(b, joining)))
+                except Exception as exc:  # a failed step fails its callers, never the worker
+                    _fail(b.rows + joining, exc)
+            if new and current is None:
+                try:
+                    stepped.append(self._sample_and_retire(*self._step(None, new)))
+                except Exception as exc:
+                    _fail(new, exc)
+            batches = [b for b in stepped if b.rows]
+            for b in stepped:
+                if not b.rows and b.model is not self.model and not self.shares_weights:
+                    with self._swap_lock:
+                        self._spares.append(b.model)
             new = []
-            room = self.max_batch - (len(batch.rows) if batch else 0)
+            room = self.max_batch - sum(len(b.rows) for b in batches)
             if not closing and not self._pauses and room > 0:
                 new, closing = self._take(room)
         return closing
 
     @torch.no_grad()
     def _step(self, batch: _Batch | None, new: list[_Request]) -> tuple[_Batch, torch.Tensor]:
-        """One decode step of the running rows and a prefill of the new ones: (joined batch, logits (B, V))."""
+        """One decode step of a batch's rows and a prefill of the new ones on the current weights:
+        (joined batch, logits (B, V))."""
         parts: list[tuple[_Batch, torch.Tensor]] = []
         if batch is not None:
             batch.attn = torch.cat([batch.attn, batch.attn.new_ones((len(batch.rows), 1))], dim=-1)
-            logits = self._forward(batch.last.unsqueeze(-1), batch.attn, batch.pos.unsqueeze(-1), batch.cache)
+            logits = self._forward(batch.model, batch.last.unsqueeze(-1), batch.attn, batch.pos.unsqueeze(-1),
+                                   batch.cache)  # fmt: skip
             parts.append((batch, logits))
         if new:
             parts.append(self._prefill(new))
@@ -199,18 +277,20 @@ class HFEngine:
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
         cache = DynamicCache()
-        logits = self._forward(ids, attn, pos, cache)
-        return _Batch(list(reqs), cache, attn, pos[:, -1], ids[:, -1]), logits
+        logits = self._forward(self.model, ids, attn, pos, cache)
+        return _Batch(
+            self.model, self.weights_version, list(reqs), cache, attn, pos[:, -1], ids[:, -1]
+        ), logits
 
-    def _forward(
-        self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: DynamicCache
-    ) -> torch.Tensor:
+    def _forward(self, model: PreTrainedModel, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
+                 cache: DynamicCache) -> torch.Tensor:  # fmt: skip
         self.forward_passes += 1
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
                          logits_to_keep=1)  # fmt: skip
         return out.logits[:, -1].float()  # (B, V)
 
-    def _sample_and_retire(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
+    def _sample_and_retire(self, batch: _Batch, logits: torch.Tensor) -> _Batch:
+        """Sample every row's next token; resolve and drop finished rows (the batch may end empty)."""
         rows = batch.rows
         next_ids, logps = _sample(logits, rows)
         toks, lps = next_ids.tolist(), logps.tolist()  # one device sync per step, not per row
@@ -221,11 +301,13 @@ class HFEngine:
             s.logprobs.append(lps[i])
             if self._finished(s, toks[i], r.params, len(s.token_ids) >= r.params.max_new_tokens):
                 s.text = str(self.tokenizer.decode(s.token_ids, skip_special_tokens=False))
+                s.weights_version = r.version
                 r.future.set_result(s)
             else:
                 keep.append(i)
         if not keep:
-            return None
+            batch.rows = []
+            return batch
         batch.pos, batch.last = batch.pos + 1, next_ids
         if len(keep) < len(rows):
             idx = torch.tensor(keep, device=batch.attn.device)
@@ -264,7 +346,7 @@ def _join(a: _Batch, b: _Batch) -> _Batch:
     for la, lb in zip(_layers(a.cache), _layers(b.cache), strict=True):
         la.keys = torch.cat([pad(_t(la.keys), 2), pad(_t(lb.keys), 2)])  # (B, H, L, D)
         la.values = torch.cat([pad(_t(la.values), 2), pad(_t(lb.values), 2)])
-    return _Batch(a.rows + b.rows, a.cache, torch.cat([pad(a.attn, 1), pad(b.attn, 1)]),
+    return _Batch(a.model, a.version, a.rows + b.rows, a.cache, torch.cat([pad(a.attn, 1), pad(b.attn, 1)]),
                   torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))  # fmt: skip
 
 
@@ -275,6 +357,21 @@ def _trim_left(batch: _Batch) -> None:
         batch.attn = batch.attn[:, lead:]
         for layer in _layers(batch.cache):
             layer.keys, layer.values = _t(layer.keys)[:, :, lead:], _t(layer.values)[:, :, lead:]
+
+
+def _fail(rows: list[_Request], exc: Exception) -> None:
+    for r in rows:
+        if not r.future.done():
+            r.future.set_exception(exc)
+
+
+def _copy(model: PreTrainedModel) -> PreTrainedModel:
+    """An inference copy of `model` (eval, no gradients), without what the trainer hung on it."""
+    memo = {id(v): None for k, v in vars(model).items() if k.startswith("_mgrpo")}
+    clone = copy.deepcopy(model, memo)
+    for p in clone.parameters():
+        p.grad = None
+    return clone.eval().requires_grad_(False)
 
 
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:

@@ -31,6 +31,7 @@ class SGLangEngine:
     def __init__(self, base_url: str, *, timeout_s: float = 300.0, eos_token_id: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.eos_token_id = eos_token_id
+        self.weights_version = 0  # the policy version last loaded with update_weights
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
     def _post(self, path: str, payload: dict[str, Any]) -> Any:
@@ -64,16 +65,19 @@ class SGLangEngine:
             out = [out]
         if len(out) != len(prompts):
             raise SGLangError(f"SGLang returned {len(out)} results for {len(prompts)} prompts")
-        return [self._sample(o, params) for o in out]
+        version = (
+            self.weights_version
+        )  # read before the call: a push during it makes samples newer, not older
+        return [self._sample(o, params, version) for o in out]
 
-    def _sample(self, o: dict[str, Any], params: SamplingParams) -> Sample:
+    def _sample(self, o: dict[str, Any], params: SamplingParams, version: int) -> Sample:
         meta = o.get("meta_info", {})
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(p[1]) for p in pairs]
         logps = [float(p[0]) for p in pairs]
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else str(finish)
-        return Sample(ids, logps, self._reason(kind, ids, params), str(o.get("text", "")))
+        return Sample(ids, logps, self._reason(kind, ids, params), str(o.get("text", "")), version)
 
     def _reason(self, kind: str | None, ids: list[int], params: SamplingParams) -> FinishReason:
         """Same precedence as the hf engine: a stop token, then EOS, then the length limit."""
@@ -85,10 +89,12 @@ class SGLangEngine:
             return "eos"
         return "stop"
 
-    def update_weights(self, path: str) -> None:
+    def update_weights(self, path: str, version: int | None = None) -> None:
+        """Load a saved HF folder the server can read; `version`: the policy version it holds."""
         out = self._post("/update_weights_from_disk", {"model_path": path})
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangError(f"SGLang refused the weights at {path}: {out.get('message')}")
+        self.weights_version = self.weights_version + 1 if version is None else version
 
     @contextmanager
     def paused(self) -> Iterator[None]:

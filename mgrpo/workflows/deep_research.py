@@ -38,7 +38,13 @@ def planner_samples(
         qi = i // k
         c = correct(tr.final or "", answers[qi]) if tr.format_ok else 0.0
         samples.append(
-            Sample("planner", query_ids[qi], tr, planner_reward(tr.format_ok, c), policy_version=version)
+            Sample(
+                "planner",
+                query_ids[qi],
+                tr,
+                planner_reward(tr.format_ok, c),
+                policy_version=version if tr.policy_version is None else tr.policy_version,
+            )
         )
         outcome.append(c)
     return samples, outcome

@@ -166,3 +166,35 @@ def test_paused_lets_running_rows_finish_then_holds_new_ones(tiny_model, small_t
         assert queued.result(timeout=30).token_ids == running.result().token_ids[:3]  # same seed, same draws
     finally:
         eng.close()
+
+
+def test_own_weights_swap_between_steps(tiny_model, small_task, tokenizer):
+    """A request running when new weights are pushed finishes on the old weights (its log-probs equal a
+    teacher-forced pass of the old model); one submitted after the push samples from the new ones. The
+    trainer's model changes in place meanwhile without pausing the engine."""
+    import copy
+
+    old, trainer = tiny_model, copy.deepcopy(tiny_model)
+    eng = HFEngine(trainer, tokenizer, gather_ms=0, own_weights=True, version=3)
+    eng.eos_id = None
+    try:
+        (p,) = prompts(small_task, tokenizer, 1)
+        running = eng.submit(p, SamplingParams(max_new_tokens=40, seed=1))
+        _wait_for_passes(eng, 2)
+        with torch.no_grad():  # the "update": every weight moves, the engine is not paused
+            for w in trainer.parameters():
+                w.add_(0.05 * torch.randn_like(w))
+        eng.push_weights(trainer, 4)
+        after = eng.submit(p, SamplingParams(max_new_tokens=12, seed=2))
+        a, b = running.result(timeout=30), after.result(timeout=30)
+        assert (a.weights_version, b.weights_version) == (3, 4) and eng.swaps == 1
+        assert len(a.token_ids) == 40  # it was still decoding when the push arrived
+        assert torch.allclose(torch.tensor(a.logprobs), _teacher_forced(old, p, a, 1.0), atol=1e-4)
+        assert torch.allclose(torch.tensor(b.logprobs), _teacher_forced(trainer.eval(), p, b, 1.0), atol=1e-4)
+        assert not torch.allclose(
+            _teacher_forced(old, p, b, 1.0), _teacher_forced(trainer, p, b, 1.0), atol=1e-3
+        )
+        with eng.paused():  # an own-weights engine never holds generation
+            assert eng.generate([p], SamplingParams(max_new_tokens=3, seed=1))[0].weights_version == 4
+    finally:
+        eng.close()

@@ -102,6 +102,47 @@ def test_compiled_update_matches_eager_and_leaves_rollouts_eager(tokenizer, smal
         metrics.append(ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id))
     assert abs(metrics[0]["loss"] - metrics[1]["loss"]) < 1e-5, metrics
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-5)
+        # inductor reorders float sums; Adam's first step (≈ lr·sign(g)) magnifies that on near-zero
+        # gradients: measured up to 1.6e-5 with transformers 5.24, lr 1e-3
+        assert torch.allclose(a, b, atol=5e-5), (a - b).abs().max()
     assert hasattr(models[1], "_mgrpo_compiled_forward") and not hasattr(models[0], "_mgrpo_compiled_forward")
     assert models[1].forward.__func__ is type(models[1]).forward  # the engine's path is untouched
+
+
+def test_stale_samples_are_reweighted_against_the_current_policy(tokenizer, small_task):
+    """Samples from an older policy: logp_prox is the current model's before the update, each token
+    weighted by min(exp(logp_prox − logp_old), C); fresh samples in the same batch keep weight 1; with
+    no stale flag set the update is exactly the on-policy one."""
+    import copy
+
+    old = build_model("tiny", tokenizer, seed=3)
+    prompts = [tokenizer.encode(d.text, add_special_tokens=False)[:8] for d in small_task.world.docs[:4]]
+    trs = sampled_transcripts(old, tokenizer, prompts)  # logp_old from the old policy
+    current = copy.deepcopy(old)
+    with torch.no_grad():
+        for w in current.parameters():
+            w.add_(0.1 * torch.randn_like(w, generator=torch.Generator().manual_seed(0)))
+    adv, stale = [1.0, -1.0, 1.0, -1.0], [True, True, False, False]
+    b = collate(trs, tokenizer.pad_token_id)
+    with torch.no_grad():
+        prox = token_logprobs(current.train(), b.input_ids, b.attention_mask)
+    w = torch.exp(prox - b.logp_old).clamp(max=1.5)
+    w[2:] = 1.0  # the fresh rows
+    expected = float((w * b.loss_mask).sum() / b.loss_mask.sum())
+    ratio = torch.exp(prox - b.logp_old)  # fresh rows: against logp_old; stale rows: against logp_prox
+    ratio[:2] = 1.0
+    expected_ratio = float((ratio * b.loss_mask).sum() / b.loss_mask.sum())
+
+    def run(flags):
+        model = copy.deepcopy(current)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        m = ppo_update(model, opt, list(zip(trs, adv, strict=True)), UpdateSettings(minibatch_size=4, is_cap=1.5),
+                       pad_id=tokenizer.pad_token_id, stale=flags)  # fmt: skip
+        return m, torch.cat([p.flatten() for p in model.parameters()])
+
+    m, _ = run(stale)
+    assert abs(m["is_weight_mean"] - expected) < 1e-5 and m["is_capped_frac"] > 0
+    assert abs(m["ratio_mean"] - expected_ratio) < 1e-4 and abs(expected_ratio - 1.0) > 1e-3
+    m0, p0 = run(None)
+    _, p1 = run([False] * 4)
+    assert "is_weight_mean" not in m0 and torch.equal(p0, p1)

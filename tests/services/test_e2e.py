@@ -233,8 +233,38 @@ def wait_ledger(store, job_id, role, step, timeout_s=600):
         time.sleep(0.1)
 
 
+def assert_accounted(store, job_id, roles):
+    """Every role's training queue: produced = trained + dropped + unaligned, nothing lost."""
+    totals = store.accounts.totals(job_id)
+    assert set(totals) == set(roles), totals
+    for role, t in totals.items():
+        assert t["produced"] > 0 and t["produced"] == t["trained"] + t["dropped"] + t["unaligned"], (role, t)
+    return totals
+
+
+def test_pipelined_co_train_accounts_every_sample(cluster, store):
+    """max_staleness 1: the planner rolls out step s + 1 while it trains step s, both engines sample from
+    their own weights through every update, and stale samples are trained with the correction."""
+    job_id = submit(cluster, {**SMALL, "steps": 4, "max_staleness": 1})
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
+    assert marks == sorted((r, s) for r in keys.ROLES for s in range(4))
+    totals = assert_accounted(store, job_id, keys.ROLES)
+    assert totals["planner"]["dropped"] == 0  # the schedule keeps every sample within the bound
+    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    planner = [r["values"] for r in rows if r["role"] == "planner"]
+    assert all(v["planner/stale_beyond_bound"] == 0 for v in planner)
+    # a step rolled out during the previous update trains stale samples, reweighted
+    stale = [v for v in planner if v["planner/staleness_1"] > 0]
+    assert stale and all("planner/is_weight_mean" in v for v in stale), planner
+    assert all("timing/period" in v and "timing/wait_trainer" in v for v in planner)
+
+
 def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
-    job_id = submit(cluster, {**SMALL, "steps": 5})
+    """Pipelined (max_staleness 1): a killed trainer resumes after its last ledger step; the planner's
+    rolled-out, untrained step is rolled out again; every step is trained once, nothing is lost."""
+    job_id = submit(cluster, {**SMALL, "steps": 5, "max_staleness": 1})
     wait_ledger(store, job_id, "subagent", 0)
     cluster.kill("subagent")  # SIGKILL mid-job: the planner's delegations fail until it is back
     cluster.start_role("subagent")
@@ -250,6 +280,7 @@ def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
         marks
     )  # every step exactly once
     assert job["policy_versions"] == {"planner": 5, "subagent": 5}
+    assert_accounted(store, job_id, keys.ROLES)
 
 
 def test_rollouts_through_sglang_servers(tmp_path, warm):

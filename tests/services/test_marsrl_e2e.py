@@ -119,8 +119,10 @@ def test_one_model_for_every_role(cluster, store, warm):
 
 
 def test_kill_9_of_a_random_role_resumes_exactly_once(cluster, store):
+    """Pipelined (max_staleness 1): the solver rolls out step s + 1 while every trainer updates on step
+    s; after a SIGKILL every step is still trained once and every role's queue adds up."""
     role = random.Random().choice(ROLES)
-    job_id = submit(cluster, {**JOB, "steps": 4})
+    job_id = submit(cluster, {**JOB, "steps": 4, "max_staleness": 1})
     deadline = time.monotonic() + 600
     while store.ledger.last_step(job_id, role) < 0:
         assert time.monotonic() < deadline, f"{role} never finished step 0"
@@ -132,3 +134,9 @@ def test_kill_9_of_a_random_role_resumes_exactly_once(cluster, store):
     assert job["status"] == "succeeded", (role, job["reason"])
     marks = [(e.role, e.step) for e in store.ledger.entries(job_id)]
     assert sorted(marks) == sorted((r, s) for r in ROLES for s in range(4)), (role, marks)  # exactly once
+    totals = store.accounts.totals(job_id)
+    assert set(totals) == set(ROLES), totals
+    for r, t in totals.items():
+        assert t["produced"] > 0 and t["produced"] == t["trained"] + t["dropped"] + t["unaligned"], (r, t)
+    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    assert any(v["values"].get("solver/staleness_1", 0) > 0 for v in rows if v["role"] == "solver"), rows

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/pipeline.py                       # deep_research, pinned and unpinned, 8 steps
     .venv/bin/python bench/pipeline.py --settings pinned --steps 6 --repeats 2
+    .venv/bin/python bench/pipeline.py --set prompts_per_step=2 --set rollouts_per_query=8   # latency-bound
 
 Each run is one `co_train` job at the demo's size (8 prompts × K 8 × D 4) on a local cluster. Arms:
 `sync` (max_staleness 0, the paper's schedule) and `pipelined` (max_staleness 1). Settings:
@@ -20,12 +21,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning import parse_sets
 
 from mgrpo.config import JobConfig
 from mgrpo.runtime import warmstart_config
@@ -54,8 +59,8 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
-def run_arm(arm: str, setting: str, steps: int, cache: Path, out: Path, console: Console) -> dict[str, Any]:
-    job = JobConfig(steps=steps, max_staleness=ARMS[arm])
+def run_arm(arm: str, setting: str, steps: int, sets: dict[str, Any], cache: Path, out: Path, console: Console) -> dict[str, Any]:  # fmt: skip
+    job = JobConfig.model_validate({**sets, "steps": steps, "max_staleness": ARMS[arm]})
     cpus = {"planner": "0", "subagent": "1"} if setting == "pinned" else {}
     run_dir = out / f"{setting}-{arm}-{int(time.time())}"
     with LocalCluster(run_dir, extra_env={"MGRPO_CACHE_DIR": str(cache.resolve())}, cpus=cpus) as cluster:
@@ -89,7 +94,7 @@ def run_arm(arm: str, setting: str, steps: int, cache: Path, out: Path, console:
     busy = [(b1 - b0) / max(t1 - t0, 1) for (b0, t0), (b1, t1) in zip(cores0, cores1, strict=True)]
     phases = {k[len("timing/"):]: statistics.fmean(r.get(k, 0.0) for r in rows) for k in rows[-1] if k.startswith("timing/")}  # fmt: skip
     result = {
-        "setting": setting, "arm": arm, "steps": steps, "window_s": window,
+        "setting": setting, "arm": arm, "steps": steps, "job": sets, "window_s": window,
         "steps_per_s": (steps - 1) / window, "samples_per_s": trained / window,
         "root_period_s": period, "root_wait_share": wait / period, "core_busy": busy,
         "cpu_s": {r: procs1[r] - procs0[r] for r in procs0}, "phases_s": phases,
@@ -107,6 +112,7 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", choices=("pinned", "unpinned"), default=["pinned", "unpinned"])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=1, help="runs of each arm (interleaved)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job-config override")
     ap.add_argument("--out", type=Path, default=Path("bench/results/pipeline"))
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     args = ap.parse_args()
@@ -117,7 +123,9 @@ def main() -> None:
     for setting in args.settings:
         for _ in range(args.repeats):
             for arm in ARMS:
-                runs.append(run_arm(arm, setting, args.steps, args.cache_dir, args.out, console))
+                runs.append(
+                    run_arm(arm, setting, args.steps, parse_sets(args.set), args.cache_dir, args.out, console)
+                )
                 (args.out / "results.json").write_text(json.dumps({"runs": runs}, indent=1))
     for setting in args.settings:
         mine = {a: [r for r in runs if r["setting"] == setting and r["arm"] == a] for a in ARMS}

@@ -98,10 +98,11 @@ def run_arm(arm: str, setting: str, steps: int, sets: dict[str, Any], cache: Pat
         "steps_per_s": (steps - 1) / window, "samples_per_s": trained / window,
         "root_period_s": period, "root_wait_share": wait / period, "core_busy": busy,
         "cpu_s": {r: procs1[r] - procs0[r] for r in procs0}, "phases_s": phases,
+        "delegations_per_rollout": statistics.fmean(r.get("planner/delegations_mean", 0.0) for r in rows),
     }  # fmt: skip
     console.print(
         f"{setting:9s} {arm:9s} {result['steps_per_s']:.3f} steps/s, {result['samples_per_s']:.1f} samples/s, "
-        f"root waits {100 * result['root_wait_share']:.1f} %, cores busy "
+        f"root waits {100 * result['root_wait_share']:.1f} %, {result['delegations_per_rollout']:.2f} delegations per rollout, cores busy "
         + ", ".join(f"{100 * b:.0f} %" for b in busy)
     )
     return result

@@ -20,7 +20,12 @@ The inputs come from a measured synchronous run (`bench/pipeline.py`, pinned): R
 T_root = the rest of the root's step, T_callee = the callee's step, and u_r from each service's CPU
 seconds per step minus its update work, over R. The model then predicts the synchronous period (a
 check of the inputs) and the pipelined one, compared with the measured pipelined run, and predicts
-2–8 roles (a root and n − 1 callees each like the measured one) at several update/rollout ratios.
+2–8 roles at several update/rollout ratios: a root like the measured one and n − 1 callees that share
+the measured callee's rollout work (each u_callee / (n − 1)), every role's update T = ratio × R.
+
+Two ceilings follow from the schedule and show in the predictions: rollouts run one at a time, so the
+period is at least R and the gain at most (R + T_max) / R; and no node can do more than its own work
+per step, so the period is at least max_r (u_r·R + T_r).
 """
 
 from __future__ import annotations
@@ -112,8 +117,9 @@ def _rates(running: dict[tuple[str, int], dict[str, float]]) -> dict[tuple[str, 
     return rate
 
 
-def inputs(run: dict[str, Any]) -> tuple[list[Role], float]:
-    """The model's inputs from a measured synchronous run of `bench/pipeline.py`."""
+def inputs(run: dict[str, Any], work: float = 1.0) -> tuple[list[Role], float]:
+    """The model's inputs from a measured synchronous run of `bench/pipeline.py`; `work` scales the
+    callee's rollout work (delegations per rollout of the run to predict over the measured run's)."""
     ph, steps = run["phases_s"], run["steps"] - 1
     rollout = ph["rollout"] + ph.get("reward", 0.0)
     root_update = sum(ph.get(k, 0.0) for k in ("adv", "update", "checkpoint", "exchange_redis"))
@@ -121,7 +127,8 @@ def inputs(run: dict[str, Any]) -> tuple[list[Role], float]:
     out = []
     for name, update in (("planner", root_update), ("subagent", callee_update)):
         cpu = run["cpu_s"][name] / steps  # CPU seconds per step
-        out.append(Role(name, min(max((cpu - update) / rollout, 0.0), 1.0), update))
+        share = (cpu - update) / rollout * (work if name != "planner" else 1.0)
+        out.append(Role(name, min(max(share, 0.0), 1.0), update))
     return out, rollout
 
 
@@ -146,24 +153,33 @@ def main() -> None:
         steps = args.steps or sync["steps"]
         pred = {S: simulate(roles, rollout, S, steps)["period_s"] for S in (0, 1)}
         meas = {0: 1 / sync["steps_per_s"], 1: 1 / pipe["steps_per_s"]}
+        # the planner's sampling sets how many episodes the callee serves: the same config is not quite
+        # the same work; the second prediction scales the callee's rollout work to the pipelined run's
+        work = pipe.get("delegations_per_rollout", 1.0) / sync.get("delegations_per_rollout", 1.0)
+        roles_w, _ = inputs(sync, work)
+        pred_w = simulate(roles_w, rollout, 1, steps)["period_s"]
         check = {"roles": [r.__dict__ for r in roles], "rollout_s": rollout, "predicted_period_s": pred,
                  "measured_period_s": meas, "pipelined_error": pred[1] / meas[1] - 1,
-                 "sync_error": pred[0] / meas[0] - 1}  # fmt: skip
+                 "sync_error": pred[0] / meas[0] - 1, "callee_work_ratio": work,
+                 "pipelined_same_work_prediction_s": pred_w, "pipelined_same_work_error": pred_w / meas[1] - 1}  # fmt: skip
         report["checks"].append(check)
         print(
             f"inputs R={rollout:.2f}s "
             + ", ".join(f"{r.name}: u={r.rollout_share:.2f} T={r.update_s:.2f}s" for r in roles)
             + f"\n  sync      predicted {pred[0]:.2f}s measured {meas[0]:.2f}s ({100 * check['sync_error']:+.0f} %)"
             f"\n  pipelined predicted {pred[1]:.2f}s measured {meas[1]:.2f}s ({100 * check['pipelined_error']:+.0f} %)"
+            f"\n  pipelined, callee work scaled ×{work:.2f} to the run's delegations: {pred_w:.2f}s "
+            f"({100 * check['pipelined_same_work_error']:+.0f} %)"
         )
     roles, rollout = inputs(syncs[0])
     root, callee = roles
-    print("\nseparate nodes, a root and n-1 callees like the measured ones; T = update/rollout ratio × R")
+    print("\nseparate nodes: the measured root and n-1 callees sharing the measured callee's rollout work;")
+    print("every role's update T = ratio × R; periods in seconds")
     print(f"{'roles':>5} {'T/R':>5} {'sync s/step':>12} {'pipelined':>10} {'speed-up':>9}")
     for ratio in (0.25, 0.5, 1.0, 2.0):
         for n in range(2, 9):
             scaled = [Role("root", root.rollout_share, ratio * rollout)] + [
-                Role(f"callee{i}", callee.rollout_share, ratio * rollout) for i in range(1, n)
+                Role(f"callee{i}", callee.rollout_share / (n - 1), ratio * rollout) for i in range(1, n)
             ]
             sync_p = simulate(scaled, rollout, 0, 24)["period_s"]
             pipe_p = simulate(scaled, rollout, 1, 24)["period_s"]

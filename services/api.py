@@ -22,6 +22,10 @@ class JobView(BaseModel):
         default_factory=dict, description="Last step each role applied (-1: none)."
     )
     policy_versions: dict[str, int] = Field(default_factory=dict)
+    samples: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Each role's training queue over the job: produced, trained, dropped (stale, `stale_samples: drop`), unaligned.",
+    )
     latest_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 

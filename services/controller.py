@@ -43,7 +43,7 @@ def job_view(store: Store, record: JobRecord) -> JobView:
     versions = {r: v.version for r in roles if (v := store.policies.get(jid, r)) is not None}
     return JobView(**record.model_dump(include=set(JobView.model_fields) & set(record.model_fields)),
                    steps_done={r: store.ledger.last_step(jid, r) for r in roles},
-                   policy_versions=versions, latest_metrics=latest)  # fmt: skip
+                   policy_versions=versions, samples=store.accounts.totals(jid), latest_metrics=latest)  # fmt: skip
 
 
 @app.post(

@@ -96,7 +96,9 @@ class RootJob:
             self._stop.set()
             with self._cond:
                 self._cond.notify_all()
-            rollouts.join(timeout=self.cfg.partner_timeout_s)
+            rollouts.join(
+                timeout=min(self.cfg.partner_timeout_s, 30.0)
+            )  # a rollout in flight ends in seconds
 
     def _done(self, rollouts_values: tuple[int, dict[str, float]], on_step: Callable[[int, dict[str, float]], None] | None) -> None:  # fmt: skip
         step, values = rollouts_values

@@ -100,10 +100,7 @@ class PlannerJob(RootJob):
         with timer("checkpoint"):
             ckpt = self.m.save(step)
         with timer("exchange_redis"):
-            dropped = int(metrics.get("stale_dropped", 0))
-            self.store.accounts.record(
-                self.job_id, "planner", step, trained=len(samples) - dropped, dropped=dropped
-            )
+            self.account_trained("planner", step, len(samples), metrics)
             self._commit(step, ckpt.path)
         values = {
             **{f"planner/{k}": v for k, v in metrics.items()}, **rollouts.values,

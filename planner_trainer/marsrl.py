@@ -98,10 +98,7 @@ class MarsRootJob(RootJob):
         with timer("checkpoint"):
             ckpt = self.m.save(step)
         with timer("exchange_redis"):
-            dropped = int(metrics.get("stale_dropped", 0))
-            self.store.accounts.record(
-                self.job_id, self.root, step, trained=len(samples) - dropped, dropped=dropped
-            )
+            self.account_trained(self.root, step, len(samples), metrics)
             self.store.commit_step(PolicyVersion(job_id=self.job_id, role=self.root, version=self.version, step=step,
                                                  checkpoint=str(ckpt.path)), roles=self.cfg.trainer_roles)  # fmt: skip
         values = {**{f"{self.root}/{k}": v for k, v in metrics.items()}, **rollouts.values,

@@ -96,9 +96,8 @@ class RootJob:
             self._stop.set()
             with self._cond:
                 self._cond.notify_all()
-            rollouts.join(
-                timeout=min(self.cfg.partner_timeout_s, 30.0)
-            )  # a rollout in flight ends in seconds
+            # a rollout in flight ends in seconds; the thread is a daemon either way
+            rollouts.join(timeout=min(self.cfg.partner_timeout_s, 30.0))
 
     def _done(self, rollouts_values: tuple[int, dict[str, float]], on_step: Callable[[int, dict[str, float]], None] | None) -> None:  # fmt: skip
         step, values = rollouts_values
@@ -130,6 +129,11 @@ class RootJob:
                          stop=self._stop)  # fmt: skip
         if self._stop.is_set():
             raise _Stopped()
+
+    def account_trained(self, role: str, step: int, n_samples: int, metrics: dict[str, float]) -> None:
+        """The root's own queue for `step`: what its update trained and what it dropped as stale."""
+        dropped = int(metrics.get("stale_dropped", 0))
+        self.store.accounts.record(self.job_id, role, step, trained=n_samples - dropped, dropped=dropped)
 
     def finish_values(self, rollouts: Rollouts) -> dict[str, float]:
         """The step's timings and its period (seconds since the previous finished step)."""

@@ -97,6 +97,52 @@ class MarsRLConfig(_Strict):
     n_ops: int = Field(2, ge=1, le=6, description="Operations per arithmetic problem.")
 
 
+class DatasetConfig(_Strict):
+    """A user dataset the root role's queries come from (deep_research workflows), instead of the
+    built-in world's generated questions."""
+
+    source: str = Field(
+        pattern=r"^(ds-[0-9a-f]{16}|file://\S{1,1000}|[a-z][a-z0-9+.\-]{1,15}://\S{1,1000})$",
+        description="An uploaded dataset's id (`ds-…`, from POST /v1/datasets) or a URI every trainer can read: file:///shared/data.jsonl, or s3://… with fsspec and s3fs installed.",
+    )
+    train_split: str = Field(
+        "train", pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="The split whose rows are trained on."
+    )
+    eval_split: str | None = Field(
+        "test",
+        pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+        description="The held-out split evaluated (greedy) before the first step and after the last; null: no evaluation. A split the dataset lacks is a 422 at submission.",
+    )
+    eval_queries: int = Field(
+        64, ge=1, le=10_000, description="Evaluate at most this many held-out rows (the first ones)."
+    )
+
+
+class RewardConfig(_Strict):
+    """How the root role's final answer is scored against a row's reference answer (`correct` of R_M)."""
+
+    kind: Literal["exact", "normalized", "numeric", "regex", "math", "http"] = Field(
+        "normalized",
+        description="exact: string equality after strip; normalized: lower-case, no punctuation/articles; numeric: equal numbers (relative tolerance); regex: the reference is a regular expression the answer must fully match; math: math-verify equivalence; http: POST batches to `url`.",
+    )
+    url: str | None = Field(
+        None,
+        pattern=r"^https?://\S{1,2000}$",
+        description='kind http: an endpoint taking {"items": [{"query", "answer", "reference", "metadata"}]} and returning {"rewards": [float in [0, 1]]}, one per item.',
+    )
+    timeout_s: float = Field(30.0, gt=0, le=600, description="kind http: timeout of one batch request.")
+    retries: int = Field(
+        2, ge=0, le=10, description="kind http: retries of a failed batch before its rewards count as errors."
+    )
+    numeric_rel_tol: float = Field(1e-6, ge=0, le=1, description="kind numeric: relative tolerance.")
+
+    @model_validator(mode="after")
+    def _url_for_http(self) -> RewardConfig:
+        if (self.kind == "http") != (self.url is not None):
+            raise ValueError("give 'url' exactly when kind is 'http'")
+        return self
+
+
 _LEGACY = {"planner": ("planner", "model"), "subagent": ("subagent", "model"),
            "planner_optim": ("planner", "optim"), "subagent_optim": ("subagent", "optim")}  # fmt: skip
 
@@ -131,6 +177,11 @@ class JobConfig(_Strict):
     subagent_slots_per_rollout: int = Field(
         4, ge=1, le=256, description="D: aligned sub-agent samples per rollout."
     )
+    dataset: DatasetConfig | None = Field(
+        None,
+        description="Train on a user dataset's queries and reference answers (deep_research workflows); null: the built-in world's questions.",
+    )
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     stage: Literal[1, 2] = Field(
         2, description="Question stage of the built-in task (1 simple, 2 multi-hop)."
     )
@@ -208,6 +259,10 @@ class JobConfig(_Strict):
                 raise ValueError(
                     f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"
                 )
+        if self.workflow == "marsrl" and (self.dataset is not None or self.reward != RewardConfig()):
+            raise ValueError(
+                "dataset, reward: the marsrl workflow trains on its built-in arithmetic problems with agent-specific rewards; datasets and rewards are for the deep_research workflows"
+            )
         if self.workflow == "marsrl" and self.mode != "co_train":
             raise ValueError(
                 "mode: the marsrl workflow trains every role (co_train); main_only and single_agent are deep_research modes"

@@ -13,7 +13,9 @@ ledger holds, from that step's checkpoint.
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,12 +25,14 @@ import torch
 from mgrpo.agents.agents import AgentLimits, Delegation, PlannerAgent, SingleAgent
 from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
+from mgrpo.datasets import check_splits, rows_of
 from mgrpo.role_model import RoleModel
 from mgrpo.runtime import job_task
 from mgrpo.sample import Sample, assign_advantages
-from mgrpo.tasks.deep_research import Question, make_questions
+from mgrpo.scoring import Item, Scorer, Scores
+from mgrpo.tasks.deep_research import Question, dataset_questions, epoch_sample, make_questions
 from mgrpo.timing import PhaseTimer
-from mgrpo.workflows.deep_research import callee_of, episodes_by_role, planner_samples
+from mgrpo.workflows.deep_research import callee_of, episodes_by_role, finite_mean, planner_samples
 from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.root import Rollouts, RootJob
 from shared_store import Store
@@ -41,6 +45,9 @@ from shared_store.schemas import (
 )
 from shared_store.streams import publish_metrics, publish_step
 
+log = logging.getLogger("mgrpo.planner")
+EVAL_STEP = 999_998  # held-out evaluation's delegations are recorded under this step; no trainer reads it
+
 
 class PlannerJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
@@ -49,6 +56,8 @@ class PlannerJob(RootJob):
         self.remote = cfg.callee_trainers
         self.single = cfg.mode == "single_agent"
         self.task = job_task(cfg)
+        self.pool, self.held_out = self._dataset()
+        self.scorer = Scorer(cfg.reward)
         last = store.ledger.last_step(job_id, "planner")
         self.m = RoleModel(cfg, "planner", cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
                            last_step=last, device=device, sglang_url=sglang_url, max_batch=256,
@@ -69,8 +78,9 @@ class PlannerJob(RootJob):
             transcripts, delegations = self._rollouts(step, questions)
         with timer("reward"):
             qids = [f"q{qi}" for qi in range(len(questions))]
-            samples, correct = planner_samples(qids, transcripts, [q.answer for q in questions], self.task.correct,
-                                               self.cfg.rollouts_per_query, self.m.engine.weights_version)  # fmt: skip
+            scores = self._score(questions, transcripts, self.cfg.rollouts_per_query)
+            samples, correct = planner_samples(qids, transcripts, scores.values, self.cfg.rollouts_per_query,
+                                               self.m.engine.weights_version)  # fmt: skip
         with timer("exchange_redis"):
             stats = self._query_stats(samples, correct, delegations)
             publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
@@ -82,7 +92,8 @@ class PlannerJob(RootJob):
         exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
         every = [d for dels in delegations for d in dels]
         values = {
-            "planner/reward_mean": float(np.mean([s.reward for s in samples])), "planner/success": float(np.mean(correct)),
+            "planner/reward_mean": finite_mean([s.reward for s in samples]), "planner/success": finite_mean(correct),
+            "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
             "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
             "planner/delegations_mean": float(np.mean([len(d) for d in delegations])),
             "timing/exchange_http_critical": max(exchange, default=0.0),
@@ -116,9 +127,66 @@ class PlannerJob(RootJob):
         self.store.commit_step(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
                                              checkpoint=str(ckpt)), roles=self.cfg.trainer_roles)  # fmt: skip
 
+    def _dataset(self) -> tuple[list[Question], list[Question]]:
+        """The job's dataset: its train split's and (the first `eval_queries` of) its held-out split's
+        questions; none without a dataset (the built-in world's questions)."""
+        d = self.cfg.dataset
+        if d is None:
+            return [], []
+        rows = rows_of(d.source, self.store.datasets.content)
+        check_splits(rows, d.train_split, d.eval_split)
+        held_out = dataset_questions(rows, d.eval_split)[: d.eval_queries] if d.eval_split else []
+        return dataset_questions(rows, d.train_split), held_out
+
     def _questions(self, step: int) -> list[Question]:
+        if self.pool:
+            return epoch_sample(
+                self.pool, step, self.cfg.prompts_per_step, seed=f"{self.cfg.seed}:{self.cfg.run_seed}"
+            )
         seed = random.Random(f"{self.cfg.seed}:{self.cfg.run_seed}:{step}").randrange(2**31)
         return make_questions(self.task.world, "train", self.cfg.stage, self.cfg.prompts_per_step, seed=seed)
+
+    def _score(self, questions: list[Question], transcripts: list[Transcript], k: int) -> Scores:
+        """Each rollout's `correct` (rollout i answers question i // k) by the job's scorer; malformed
+        rollouts are not scored (R_M is 0); rejected rewards are told in the job's events."""
+        values = [0.0] * len(transcripts)
+        scored = [i for i, tr in enumerate(transcripts) if tr.format_ok]
+        q = [questions[i // k] for i in scored]
+        scores = self.scorer(
+            [Item(x.text, transcripts[i].final or "", x.answer) for i, x in zip(scored, q, strict=True)]
+        )
+        for i, v in zip(scored, scores.values, strict=True):
+            values[i] = v
+        for message in scores.messages:
+            log.warning("job %s: %s", self.job_id, message)
+            publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=-1, role="planner", kind="event",
+                                                            message=message))  # fmt: skip
+        return Scores(values, scores.rejected, scores.errors, scores.messages)
+
+    # ---- held-out evaluation (a dataset with an eval split) ---------------------------------------
+    def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        before = self.evaluate() if self.held_out and self.start_step == 0 else None
+        super().run(on_step)
+        if self.held_out:
+            after = self.evaluate()
+            values = {f"{k}_after": v for k, v in after.items()}
+            if before is not None:
+                values |= {f"{k}_before": v for k, v in before.items()}
+                values["success_gain"] = after["success"] - before["success"]
+            publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=self.cfg.steps - 1,
+                                                            role="eval", values=values))  # fmt: skip
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy rollouts of the held-out questions with the current policy: success (the job's
+        scorer) and format rate. Delegations are recorded under a step no trainer reads."""
+        items = [(qi, q) for qi, q in enumerate(self.held_out)]
+        with ThreadPoolExecutor(max_workers=min(64, len(items))) as pool:
+            transcripts = list(
+                pool.map(lambda it: self._rollout(EVAL_STEP, f"eval{it[0]}", 0, it[1], 0.0)[0], items)
+            )
+        scores = self._score(self.held_out, transcripts, 1)
+        return {"success": finite_mean(scores.values), "format_ok": float(np.mean([t.format_ok for t in transcripts])),
+                "queries": float(len(items)), "reward_rejected": float(scores.rejected)}  # fmt: skip
 
     def _rollouts(
         self, step: int, questions: list[Question]
@@ -127,19 +195,20 @@ class PlannerJob(RootJob):
 
         def one(item: tuple[int, int]) -> tuple[Transcript, list[Delegation]]:
             qi, k = item
-            if self.single:
-                agent = SingleAgent(self.engine, self.tokenizer, self.task.call_tool,
-                                    temperature=self.m.spec.temperature, limits=self.limits)  # fmt: skip
-                return agent.rollout(questions[qi].text), []
-            return self._planner_rollout(step, qi, k, questions[qi])
+            return self._rollout(step, f"q{qi}", k, questions[qi], self.m.spec.temperature)
 
         with ThreadPoolExecutor(max_workers=min(128, len(jobs))) as pool:
             results = list(pool.map(one, jobs))
         return [r[0] for r in results], [r[1] for r in results]
 
-    def _planner_rollout(
-        self, step: int, qi: int, k: int, q: Question
-    ) -> tuple[Transcript, list[Delegation]]:
+    def _rollout(self, step: int, query_id: str, k: int, q: Question,
+                 temperature: float) -> tuple[Transcript, list[Delegation]]:  # fmt: skip
+        """One rollout of a question: the planner's, each delegation an episode of `step` recorded by
+        the callee's service; or the single agent's."""
+        if self.single:
+            single = SingleAgent(self.engine, self.tokenizer, self.task.call_tool, temperature=temperature,
+                                 limits=self.limits)  # fmt: skip
+            return single.rollout(q.text), []
         calls = iter(range(10_000))
 
         def delegate(subtask: str) -> Delegation:
@@ -147,16 +216,12 @@ class PlannerJob(RootJob):
             client = self.callees.get(role)
             if client is None:
                 raise PartnerError(f"no {role} service configured (MGRPO_ROLE_URLS or MGRPO_SUBAGENT_URL)")
-            body = {"job_id": self.job_id, "step": step, "query_id": f"q{qi}", "rollout": k, "call": next(calls),
+            body = {"job_id": self.job_id, "step": step, "query_id": query_id, "rollout": k, "call": next(calls),
                     "subtask": subtask}  # fmt: skip
             return client.episode(body)
 
         agent = PlannerAgent(
-            self.engine,
-            self.tokenizer,
-            delegate,
-            temperature=self.m.spec.temperature,
-            limits=self.limits,
+            self.engine, self.tokenizer, delegate, temperature=temperature, limits=self.limits
         )
         rollout = agent.rollout(q.text)
         return rollout.transcript, rollout.delegations
@@ -174,4 +239,5 @@ class PlannerJob(RootJob):
         return out
 
     def close(self) -> None:
+        self.scorer.close()
         self.m.close()

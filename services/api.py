@@ -29,6 +29,20 @@ class JobView(BaseModel):
     latest_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
+class DatasetView(BaseModel):
+    dataset_id: str = Field(description="Content-addressed: the same rows give the same id.")
+    name: str
+    rows: int
+    splits: dict[str, int] = Field(description="Rows per split.")
+    bytes: int = Field(description="Size of the stored canonical JSONL.")
+    created_at: float
+    created: bool = Field(False, description="POST only: false when these rows were uploaded before.")
+
+
+class DatasetList(BaseModel):
+    datasets: list[DatasetView]
+
+
 class JobList(BaseModel):
     jobs: list[JobView]
     total: int

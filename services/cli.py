@@ -196,6 +196,61 @@ def submit(
     console.print(f"job [bold]{resp.json()['job_id']}[/] {resp.json()['status']}")
 
 
+dataset_app = typer.Typer(help="Datasets in the controller's store (what a job's dataset.source names).")
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("upload")
+def dataset_upload(
+    file: Annotated[
+        Path,
+        typer.Argument(help="A JSONL or Parquet file: rows of query, answer, optional split, id, metadata."),
+    ],
+    name: Annotated[str, typer.Option(help="A label for people (default: the file name).")] = "",
+    controller: ControllerOpt = "http://127.0.0.1:8000",
+    api_token: TokenOpt = "",
+) -> None:
+    """Upload a dataset (like `huggingface-cli upload`); prints its id for the job's dataset.source."""
+    import httpx
+
+    if not file.is_file():
+        raise fail(f"no file at {file}")
+    try:
+        with _client(controller, api_token) as http:
+            resp = http.post("/v1/datasets", content=file.read_bytes(), params={"name": name or file.name},
+                             headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
+    if resp.status_code not in (200, 201):
+        raise fail(
+            f"the controller refused {file} ({resp.status_code}): {resp.json().get('detail', resp.text)}"
+        )
+    d = resp.json()
+    splits = ", ".join(f"{k} {n}" for k, n in d["splits"].items())
+    console.print(
+        f"dataset [bold]{d['dataset_id']}[/] {'uploaded' if d['created'] else 'already there'}: {d['rows']} rows ({splits})"
+    )
+
+
+@dataset_app.command("list")
+def dataset_list(controller: ControllerOpt = "http://127.0.0.1:8000") -> None:
+    """List the uploaded datasets (like `kubectl get`)."""
+    import httpx
+    from rich.table import Table
+
+    try:
+        with _client(controller, "") as http:
+            resp = http.get("/v1/datasets")
+    except httpx.HTTPError as exc:
+        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
+    table = Table("DATASET", "NAME", "ROWS", "SPLITS")
+    for d in resp.json()["datasets"]:
+        table.add_row(
+            d["dataset_id"], d["name"], str(d["rows"]), ", ".join(f"{k} {n}" for k, n in d["splits"].items())
+        )
+    console.print(table)
+
+
 @app.command()
 def status(
     job_id: Annotated[str | None, typer.Argument(help="A job id; all jobs when omitted.")] = None,
@@ -244,6 +299,9 @@ def train(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise fail(f"{config} is not a valid job config: {problems}") from None
+    if job.dataset is not None and job.dataset.source.startswith("file://"):
+        path = Path(job.dataset.source[len("file://") :]).resolve()  # the services run elsewhere
+        job = job.model_copy(update={"dataset": job.dataset.model_copy(update={"source": f"file://{path}"})})
     out = run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     try:
         final = run_train(job, out, redis_url=redis_url, cache_dir=cache_dir, console=console)

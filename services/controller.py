@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, NoReturn, cast
 
-from fastapi import FastAPI, Query, status
+from fastapi import FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
+from mgrpo import datasets
 from mgrpo.config import JobConfig
-from services.api import CheckpointList, JobList, JobView, MetricsList
-from services.common import AuthDep, StoreDep, install_common
+from services.api import CheckpointList, DatasetList, DatasetView, JobList, JobView, MetricsList
+from services.common import AuthDep, SettingsDep, StoreDep, install_common
 from services.settings import get_settings
 from shared_store import Store, keys
+from shared_store.datasets import DatasetNotFoundError
 from shared_store.jobs import JobNotFoundError
 from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, decode
 
@@ -47,6 +50,100 @@ def job_view(store: Store, record: JobRecord) -> JobView:
 
 
 @app.post(
+    "/v1/datasets",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatasetView,
+    dependencies=[AuthDep],
+    tags=["datasets"],
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/jsonl": {"schema": {"type": "string", "format": "binary"}},
+        "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}}}}},
+)  # fmt: skip
+async def upload_dataset(
+    request: Request,
+    response: Response,
+    store: StoreDep,
+    settings: SettingsDep,
+    name: Annotated[
+        str, Query(max_length=128, pattern=r"^[^\x00-\x1f]*$", description="A label for people.")
+    ] = "",
+) -> DatasetView:
+    """Upload a JSONL or Parquet file as the request body (rows of `query`, `answer`, optional `split`,
+    `id`, `metadata`). Every row is validated; a bad one is a 422 naming its row and field, and
+    nothing is stored. 201 with the new dataset, 200 when the same rows were uploaded before."""
+    limit = settings.max_dataset_bytes
+    if int(request.headers.get("content-length") or 0) > limit:
+        raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, _too_large(limit))
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, _too_large(limit))
+    try:
+        rows = await asyncio.to_thread(datasets.parse, bytes(body))
+    except datasets.DatasetError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    info, created = store.datasets.put(datasets.dataset_id(rows), datasets.canonical(rows), name=name,
+                                       rows=len(rows), splits=datasets.splits(rows))  # fmt: skip
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return DatasetView(**info.model_dump(include=set(DatasetView.model_fields)), created=created)
+
+
+def _too_large(limit: int) -> str:
+    return f"the dataset is larger than {limit} bytes (MGRPO_MAX_DATASET_BYTES); split it, or use a file:// or s3:// URI in the job's dataset.source"
+
+
+@app.get("/v1/datasets", response_model=DatasetList, tags=["datasets"])
+def list_datasets(store: StoreDep) -> DatasetList:
+    return DatasetList(datasets=[DatasetView(**d.model_dump(include=set(DatasetView.model_fields)))
+                                 for d in store.datasets.list()])  # fmt: skip
+
+
+@app.get("/v1/datasets/{dataset_id}", response_model=DatasetView, tags=["datasets"])
+def get_dataset(dataset_id: str, store: StoreDep) -> DatasetView:
+    info = store.datasets.info(dataset_id) if _DATASET_ID.match(dataset_id) else None
+    if info is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no dataset {dataset_id!r}: GET /v1/datasets lists them"
+        )
+    return DatasetView(**info.model_dump(include=set(DatasetView.model_fields)))
+
+
+_DATASET_ID = re.compile(r"^ds-[0-9a-f]{16}$")
+
+
+def _check_dataset(store: Store, config: JobConfig) -> None:
+    """A job's dataset must be there, with the splits it names: a 422 naming the field otherwise."""
+    d = config.dataset
+    if d is None:
+        return
+    try:
+        rows = datasets.rows_of(d.source, store.datasets.content)
+        datasets.check_splits(rows, d.train_split, d.eval_split)
+    except DatasetNotFoundError:
+        _unprocessable(
+            ("dataset", "source"),
+            f"no dataset {d.source!r}: upload it with POST /v1/datasets (GET /v1/datasets lists them)",
+        )
+    except datasets.DatasetError as exc:
+        field = (
+            "eval_split"
+            if "eval_split" in str(exc)
+            else "train_split"
+            if "train_split" in str(exc)
+            else "source"
+        )
+        _unprocessable(("dataset", field), str(exc))
+
+
+def _unprocessable(loc: tuple[str, ...], msg: str) -> NoReturn:
+    raise HTTPException(
+        status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", *loc], "msg": msg, "type": "value_error"}]
+    )
+
+
+@app.post(
     "/v1/jobs",
     status_code=status.HTTP_201_CREATED,
     response_model=JobView,
@@ -61,6 +158,7 @@ def create_job(
         Query(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="Idempotency: reuse to get the same job."),
     ] = None,
 ) -> JobView:
+    _check_dataset(store, config)
     record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=config.trainer_roles)
     return job_view(store, record)
 

@@ -124,6 +124,10 @@ def run_train(
     with LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
                       roles=job.trainer_roles) as cluster:  # fmt: skip
         final, _, _ = run_job(cluster, job, out, console)
+    if ev := final["latest_metrics"].get("eval"):
+        before = f"{ev['success_before']:.3f} → " if "success_before" in ev else ""
+        console.print(f"held-out success ({int(ev['queries_after'])} rows of split {job.dataset.eval_split if job.dataset else ''}): "
+                      f"{before}{ev['success_after']:.3f}")  # fmt: skip
     console.print(
         f"job {final['job_id']} {final['status']} {final['reason']}; metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints"
     )

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
         description="Where a trainer keeps its model, rolls out and trains: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU).",
     )
 
+    max_dataset_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="Largest dataset file POST /v1/datasets takes (413 beyond it)."
+    )
+
     def callee_url(self, role: str) -> str | None:
         return self.role_urls.get(role) or (self.subagent_url if role == "subagent" else None)
 

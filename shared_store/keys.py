@@ -72,6 +72,16 @@ def dispatch(role: Role) -> str:
     return f"{PREFIX}:dispatch:{check_role(role)}"
 
 
+def datasets_index() -> str:
+    """HASH dataset_id → DatasetInfo JSON: every uploaded dataset."""
+    return f"{PREFIX}:datasets"
+
+
+def dataset(dataset_id: str) -> str:
+    """STRING: one dataset's canonical JSONL, zlib-compressed (content-addressed: never rewritten)."""
+    return f"{PREFIX}:dataset:{check_id('dataset id', dataset_id)}"
+
+
 # ---- one job ----------------------------------------------------------------------------------
 def job(job_id: str) -> str:
     """HASH: the job record (status, config, reason, cancel flag, timestamps)."""

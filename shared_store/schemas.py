@@ -85,9 +85,25 @@ class JobDispatch(WireModel):
         return f"dispatch:{data.get('job_id', '')}:{data.get('role', '')}"
 
 
+class DatasetInfo(WireModel):
+    """An uploaded dataset (its rows live beside it, content-addressed by `dataset_id`)."""
+
+    dataset_id: str
+    name: str = ""
+    rows: int = Field(ge=1)
+    splits: dict[str, int]
+    bytes: int = Field(ge=0, description="Size of its canonical JSONL.")
+    created_at: float
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"dataset:{data.get('dataset_id', '')}"
+
+
 # ---- per-step statistics --------------------------------------------------------------------------
 class RolloutStat(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN = unscorable (a rejected reward, SPEC §5): written as the JSON constant NaN, not null.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     rollout: int = Field(ge=0)
     reward: float
     correct: float
@@ -98,7 +114,7 @@ class RolloutStat(BaseModel):
 
 
 class QueryStats(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     query_id: str
     rollouts: list[RolloutStat]
     reward_mean: float

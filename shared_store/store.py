@@ -8,6 +8,7 @@ import redis
 
 from shared_store.accounts import SampleAccounts
 from shared_store.connection import connect
+from shared_store.datasets import DatasetRegistry
 from shared_store.episodes import EpisodeStore
 from shared_store.jobs import JobRegistry
 from shared_store.ledger import StepLedger
@@ -24,6 +25,7 @@ class Store:
     policies: PolicyRegistry = field(init=False)
     progress: Progress = field(init=False)
     accounts: SampleAccounts = field(init=False)
+    datasets: DatasetRegistry = field(init=False)
 
     def __post_init__(self) -> None:
         self.jobs = JobRegistry(self.client)
@@ -32,6 +34,7 @@ class Store:
         self.policies = PolicyRegistry(self.client)
         self.progress = Progress(self.client, self.episodes)
         self.accounts = SampleAccounts(self.client)
+        self.datasets = DatasetRegistry(self.client)
 
     def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
         """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy

@@ -59,6 +59,7 @@ class CalleeJob:
         self.m = RoleModel(cfg, role, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
                            last_step=store.ledger.last_step(job_id, role), device=device, sglang_url=sglang_url)  # fmt: skip
         self.trains = cfg.mode == "co_train"
+        self.last_request_s = time.monotonic()  # when an episode was last asked for
         store.policies.publish(
             PolicyVersion(job_id=job_id, role=role, version=self.m.version, step=self.m.start_step - 1)
         )
@@ -90,6 +91,7 @@ class CalleeJob:
         per episode id: a replayed request (a retry, a restarted root) gets the recorded episode back.
         Returns the episode's metadata and the seconds the Redis work took."""
         t0 = time.perf_counter()
+        self.last_request_s = time.monotonic()
         recorded = self.store.episodes.get_one(self.job_id, step, episode_id(step, query_id, rollout, call))
         lookup_s = time.perf_counter() - t0
         if recorded is not None:
@@ -126,6 +128,16 @@ class CalleeJob:
             if record.cancel_requested:
                 raise JobCancelled()
             consume_once(consumer, self.store.ledger, self.role, self.train_step, count=1, block_ms=200)
+        if self.cfg.dataset is not None and self.cfg.dataset.eval_split is not None:
+            self.serve_until_done()
+
+    def serve_until_done(self) -> None:
+        """After the last step, keep serving episodes while the root evaluates the held-out split with
+        the final policies: until the job ends, or no episode was asked for in `partner_timeout_s`."""
+        while self.store.jobs.get(self.job_id).status not in TERMINAL:
+            if time.monotonic() - self.last_request_s > self.cfg.partner_timeout_s:
+                return
+            time.sleep(0.2)
 
     def handed(self, msg: Any) -> set[str]:
         """The episode ids the step's intake message hands this role."""

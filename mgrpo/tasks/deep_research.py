@@ -12,18 +12,18 @@ asked for, 0 when not, NaN when the subtask is not in the language above (unscor
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import bm25s
 
 from mgrpo.algo.rewards import normalize_answer
+from mgrpo.datasets import Row, parse
 from mgrpo.tasks.world import World, generate_world
 
 STAGE1_KINDS = ("city", "year", "employer")
@@ -196,21 +196,28 @@ def majority_answers(questions: Iterable[Question]) -> dict[str, str]:
 
 
 def load_jsonl(path: str | Path) -> list[Question]:
-    """User datasets: one JSON object a line with "query", "answer" and optional "metadata"."""
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            query, answer = str(row["query"]), str(row["answer"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{path}:{i}: each line needs a JSON object with 'query' and 'answer' ({exc})"
-            ) from exc
-        meta = row.get("metadata") or {}
-        out.append(Question(str(meta.get("id", f"u{i}")), query, answer, int(meta.get("stage", 0)),
-                            str(meta.get("kind", "custom"))))  # fmt: skip
+    """Every row of a user dataset file (JSONL or Parquet, `mgrpo.datasets`) as a question."""
+    return dataset_questions(parse(Path(path).read_bytes()), None)
+
+
+def dataset_questions(rows: Sequence[Row], split: str | None) -> list[Question]:
+    """A dataset's rows of one split (None: all) as questions, in file order."""
+    return [Question(r.id or f"u{i}", r.query, r.answer, int(r.metadata.get("stage", 0) or 0),
+                     str(r.metadata.get("kind", "custom")), split=r.split)
+            for i, r in enumerate(rows, 1) if split is None or r.split == split]  # fmt: skip
+
+
+def epoch_sample(pool: Sequence[Question], step: int, n: int, *, seed: str) -> list[Question]:
+    """Step `step`'s `n` questions of a finite pool: the pool in a seeded order per epoch, each
+    question once per epoch (steps cut the concatenated epochs into runs of `n`)."""
+    if not pool:
+        raise ValueError("the question pool is empty")
+    out: list[Question] = []
+    for i in range(step * n, step * n + n):
+        epoch, j = divmod(i, len(pool))
+        order = list(range(len(pool)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        out.append(pool[order[j]])
     return out
 
 

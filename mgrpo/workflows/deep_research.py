@@ -10,7 +10,7 @@ planner's `correct` of the slot's rollout. Duplicated slots are real samples.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mgrpo.agents.agents import Delegation
@@ -24,23 +24,24 @@ from mgrpo.tasks.deep_research import team_role
 def planner_samples(
     query_ids: Sequence[str],
     transcripts: Sequence[Transcript],
-    answers: Sequence[str],
-    correct: Callable[[str, str], float],
+    correct: Sequence[float],
     k: int,
     version: int = 0,
 ) -> tuple[list[Sample], list[float]]:
-    """Rollout i = query i // k. Returns the planner's samples (group = query id) and each rollout's
-    `correct` (what the sub-agent's reward uses)."""
-    if len(transcripts) != len(query_ids) * k:
-        raise ValueError(f"{len(transcripts)} rollouts for {len(query_ids)} queries × K={k}")
+    """Rollout i = query i // k; `correct[i]` its scored final answer (NaN: unscorable, SPEC §5).
+    Returns the planner's samples (group = query id) and each rollout's `correct` (0 when the
+    rollout is malformed), which the sub-agent's reward uses."""
+    if len(transcripts) != len(query_ids) * k or len(correct) != len(transcripts):
+        raise ValueError(
+            f"{len(transcripts)} rollouts, {len(correct)} scores for {len(query_ids)} queries × K={k}"
+        )
     samples, outcome = [], []
     for i, tr in enumerate(transcripts):
-        qi = i // k
-        c = correct(tr.final or "", answers[qi]) if tr.format_ok else 0.0
+        c = correct[i] if tr.format_ok else 0.0
         samples.append(
             Sample(
                 "planner",
-                query_ids[qi],
+                query_ids[i // k],
                 tr,
                 planner_reward(tr.format_ok, c),
                 policy_version=version if tr.policy_version is None else tr.policy_version,

@@ -22,12 +22,22 @@ def tr(final=None, ok=True):
 def test_planner_groups_are_per_query():
     # q0: right, wrong → rewards 1.0, 0.1;  q1: malformed, right → 0.0, 1.0
     trs = [tr("paris"), tr("rome"), tr("paris", ok=False), tr("oslo")]
-    samples, correct = planner_samples(["q0", "q1"], trs, ["paris", "oslo"], lambda a, b: float(a == b), k=2)
+    scored = [1.0, 0.0, 1.0, 1.0]  # the scorer's view; rollout 2 is malformed, so it counts 0
+    samples, correct = planner_samples(["q0", "q1"], trs, scored, k=2)
     assert [s.group for s in samples] == ["q0", "q0", "q1", "q1"]
     assert [s.reward for s in samples] == pytest.approx([1.0, 0.1, 0.0, 1.0])
     assert correct == [1.0, 0.0, 0.0, 1.0]  # what the sub-agent's reward reads (a malformed turn is 0)
     adv = assign_advantages(samples)
     assert adv.tolist() == pytest.approx([S, -S, -S, S], abs=1e-5)  # one group of all four would not give ±1
+
+
+def test_a_rejected_score_is_never_trained_on():
+    # q0: one rollout's reward was rejected (NaN): it leaves the group statistics and gets advantage 0
+    trs = [tr("a"), tr("b"), tr("c")]
+    samples, correct = planner_samples(["q0"], trs, [1.0, math.nan, 0.0], k=3)
+    assert math.isnan(samples[1].reward) and math.isnan(correct[1])
+    adv = assign_advantages(samples)
+    assert adv[1] == 0.0 and adv[0] == pytest.approx(S, abs=1e-5) and adv[2] == pytest.approx(-S, abs=1e-5)
 
 
 def test_subagent_slots_pool_per_query_with_the_planner_outcome():

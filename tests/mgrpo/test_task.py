@@ -95,7 +95,7 @@ def test_jsonl_dataset(tmp_path):
     (q,) = load_jsonl(path)
     assert (q.text, q.answer, q.stage) == ("2+2?", "4", 1)
     path.write_text('{"query": "no answer"}\n')
-    with pytest.raises(ValueError, match=r"d.jsonl:1: .*'answer'"):
+    with pytest.raises(ValueError, match=r"row 1: field 'answer'"):
         load_jsonl(path)
 
 

@@ -186,3 +186,23 @@ def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
     for p in (port, port + 1, port + 2):  # nothing left listening (and no verifier was started)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{p}/healthz", timeout=2)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_train_the_example_dataset_job(tmp_path):
+    """README "Train your own agents": `mgrpo train -c examples/dataset-job.yaml` from the repository
+    root (its relative file:// dataset), cut to one step and 4 held-out rows."""
+    import yaml
+
+    job = yaml.safe_load((ROOT / "examples" / "dataset-job.yaml").read_text())
+    job |= {"steps": 1, "prompts_per_step": 2, "rollouts_per_query": 4}
+    job["dataset"]["eval_queries"] = 4
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = mgrpo("train", "-c", str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "out"),
+                 "--cache-dir", str(ROOT / ".cache" / "mgrpo"), cwd=ROOT, drop=("REDIS_URL",))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "held-out success (4 rows of split test):" in proc.stdout and "succeeded" in proc.stdout
+    (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert row["planner/reward_errors"] == 0 and "subagent/reward_mean" in row

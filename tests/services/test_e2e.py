@@ -6,7 +6,10 @@ the repository's `.cache/mgrpo`, so the models already act and rewards vary.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -15,9 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
+from mgrpo.runtime import job_task, warmstart_config
+from mgrpo.scoring import normalized
+from mgrpo.tasks.deep_research import make_questions
 from mgrpo.warmstart import cached_warmstart
-from services.launcher import LocalCluster
+from services.launcher import LocalCluster, free_port
 from shared_store import Store, keys
 from shared_store.schemas import PlannerStepStats, decode
 from shared_store.streams import get_step
@@ -145,6 +150,66 @@ def test_main_only_freezes_the_subagent(cluster, warm):
     before, after = params_of(warm.subagent_path), params_of(final_checkpoint(cluster, "subagent", job_id))
     assert all(torch.equal(p, before[n]) for n, p in after.items())
     assert job["policy_versions"]["subagent"] == 0
+
+
+class RewardServer:
+    """The user's reward endpoint on loopback: normalised exact match, every batch kept."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[dict]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                items = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["items"]
+                outer.batches.append(items)
+                body = json.dumps(
+                    {"rewards": [normalized(i["answer"], i["reference"]) for i in items]}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/reward"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):
+    """The user's rows (questions about the built-in world, so the warm-started models can answer
+    some), uploaded over REST; the user's reward endpoint scores every answer; the held-out split is
+    evaluated before and after; both roles train."""
+    world = job_task(JobConfig()).world
+    rows = [{"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind": q.kind}}
+            for split, qs in (("train", make_questions(world, "train", 2, 16, seed=5)),
+                              ("test", make_questions(world, "heldout", 2, 6, seed=5))) for q in qs]  # fmt: skip
+    up = httpx.post(f"{cluster.url('controller')}/v1/datasets", content="\n".join(json.dumps(r) for r in rows),
+                    headers=H, params={"name": "my-questions"}, timeout=30)  # fmt: skip
+    assert up.status_code in (200, 201), up.text
+    reward = RewardServer()
+    try:
+        job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "rollouts_per_query": 8,
+                                  "dataset": {"source": up.json()["dataset_id"], "eval_split": "test"},
+                                  "reward": {"kind": "http", "url": reward.url}})  # fmt: skip
+        job = wait(cluster, job_id)
+    finally:
+        reward.server.shutdown()
+    assert job["status"] == "succeeded", job["reason"]
+    ev = job["latest_metrics"]["eval"]
+    assert ev["queries_after"] == ev["queries_before"] == 6 and 0 <= ev["success_after"] <= 1
+    assert ev["success_gain"] == pytest.approx(ev["success_after"] - ev["success_before"])
+    references = {i["reference"] for batch in reward.batches for i in batch}
+    train_answers = {r["answer"] for r in rows if r["split"] == "train"}
+    test_answers = {r["answer"] for r in rows if r["split"] == "test"}
+    assert references <= train_answers | test_answers and references & train_answers
+    assert job["latest_metrics"]["planner"]["planner/reward_errors"] == 0
+    for role, start in (("planner", warm.planner_path), ("subagent", warm.subagent_path)):
+        before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
+        assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
 
 
 def test_auth_validation_and_missing_jobs(cluster, store):

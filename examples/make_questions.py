@@ -1,0 +1,23 @@
+"""Write `questions.jsonl`: questions about the built-in world (the one every default job's warm start
+knows), in the dataset format a job's `dataset` takes. Run: .venv/bin/python examples/make_questions.py
+
+Your own file has the same shape: one JSON object a line with `query`, `answer`, and optionally
+`split` (default "train"), `id` and `metadata`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mgrpo.config import JobConfig
+from mgrpo.runtime import job_task
+from mgrpo.tasks.deep_research import make_questions
+
+world = job_task(JobConfig()).world  # seed 0, 2000 people: the default job's world
+rows = [{"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind": q.kind}}
+        for split, source, n in (("train", "train", 400), ("test", "heldout", 100))
+        for q in make_questions(world, source, 2, n, seed=17)]  # fmt: skip
+out = Path(__file__).with_name("questions.jsonl")
+out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+print(f"{out}: {len(rows)} rows")

@@ -68,6 +68,39 @@ class OptimConfig(_Strict):
     )
 
 
+BUILTIN_TOOLS = ("search", "open", "compare", "calculator")
+
+
+class ToolConfig(_Strict):
+    """One tool of a role: the model calls it as `<tool_call>name argument</tool_call>` (mgrpo/tools.py)."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$",
+        description="What the model writes. A built-in's name (search, open, compare, calculator), or your HTTP / MCP tool's name (for MCP: the tool's name on the server).",
+    )
+    kind: Literal["builtin", "http", "mcp"] = Field(
+        "builtin",
+        description='builtin; http: POST {"name", "argument"} to url, answer {"result": "…"}; mcp: call the tool on the MCP server at url (streamable HTTP).',
+    )
+    url: str | None = Field(
+        None, pattern=r"^https?://\S{1,2000}$", description="http / mcp: where the tool is."
+    )
+    timeout_s: float = Field(10.0, gt=0, le=600, description="http / mcp: one call's timeout.")
+    retries: int = Field(
+        1, ge=0, le=10, description="http / mcp: retries before the call becomes a tool-error turn."
+    )
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> ToolConfig:
+        if self.kind == "builtin" and self.name not in BUILTIN_TOOLS:
+            raise ValueError(
+                f"no built-in tool {self.name!r}; built-ins: {', '.join(BUILTIN_TOOLS)} (or give kind http / mcp and a url)"
+            )
+        if (self.kind == "builtin") == (self.url is not None):
+            raise ValueError("give 'url' exactly for kind http or mcp")
+        return self
+
+
 class RoleConfig(_Strict):
     """One role of the job's workflow: its model, its update, or the role whose model it shares."""
 
@@ -75,6 +108,11 @@ class RoleConfig(_Strict):
         None, description="The role's model (default: the workflow's preset for it, warm-started)."
     )
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    tools: list[ToolConfig] | None = Field(
+        None,
+        max_length=32,
+        description="The role's tools (tool-using roles: deep_research's subagent, searcher, comparer; the planner in single_agent mode); null: the workflow's built-ins for the role.",
+    )
     share_model_with: str | None = Field(
         None,
         description="Train this role's samples with the root role's model in the root's trainer (MarsRL's one policy for every role) instead of a model and trainer of its own.",
@@ -259,6 +297,7 @@ class JobConfig(_Strict):
                 raise ValueError(
                     f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"
                 )
+        self._check_tools(wf)
         if self.workflow == "marsrl" and (self.dataset is not None or self.reward != RewardConfig()):
             raise ValueError(
                 "dataset, reward: the marsrl workflow trains on its built-in arithmetic problems with agent-specific rewards; datasets and rewards are for the deep_research workflows"
@@ -268,6 +307,21 @@ class JobConfig(_Strict):
                 "mode: the marsrl workflow trains every role (co_train); main_only and single_agent are deep_research modes"
             )
         return self
+
+    def _check_tools(self, wf: Workflow) -> None:
+        for name, rc in self.roles.items():
+            if rc.tools is None:
+                continue
+            uses_tools = (
+                self.mode == "single_agent" if name == wf.root else "delegate" not in wf.role(name).tools
+            )
+            if not uses_tools or wf.name == "marsrl":
+                raise ValueError(
+                    f"roles.{name}.tools: the {name} role of {wf.name} does not call tools; the tool-using roles are the sub-agents (and the planner in single_agent mode)"
+                )
+            names = [t.name for t in rc.tools]
+            if len(set(names)) != len(names):
+                raise ValueError(f"roles.{name}.tools: tool names must be unique, got {names}")
 
     # ---- what the trainers read -------------------------------------------------------------------
     @property
@@ -281,6 +335,15 @@ class JobConfig(_Strict):
 
     def model_of(self, role: str) -> ModelSpec:
         return self.role(role).model or ModelSpec(preset=get_workflow(self.workflow).role(role).preset)
+
+    def tools_of(self, role: str) -> list[ToolConfig]:
+        """The role's tools: its `tools`, or the workflow's built-ins for it (single_agent: the
+        sub-agent's, given on the planner role)."""
+        own = self.role(role).tools
+        if own is not None:
+            return own
+        defaults = self.flow.role(self.flow.root if self.mode == "single_agent" else role).tools
+        return [ToolConfig(name=n) for n in defaults if n in BUILTIN_TOOLS]
 
     def optim_of(self, role: str) -> OptimConfig:
         return self.role(role).optim

@@ -32,6 +32,7 @@ from mgrpo.sample import Sample, assign_advantages
 from mgrpo.scoring import Item, Scorer, Scores
 from mgrpo.tasks.deep_research import Question, dataset_questions, epoch_sample, make_questions
 from mgrpo.timing import PhaseTimer
+from mgrpo.tools import ToolBox
 from mgrpo.workflows.deep_research import callee_of, episodes_by_role, finite_mean, planner_samples
 from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.root import Rollouts, RootJob
@@ -58,6 +59,7 @@ class PlannerJob(RootJob):
         self.task = job_task(cfg)
         self.pool, self.held_out = self._dataset()
         self.scorer = Scorer(cfg.reward)
+        self.tools = ToolBox(cfg.tools_of("planner") if self.single else [], self.task.tools)
         last = store.ledger.last_step(job_id, "planner")
         self.m = RoleModel(cfg, "planner", cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
                            last_step=last, device=device, sglang_url=sglang_url, max_batch=256,
@@ -96,6 +98,7 @@ class PlannerJob(RootJob):
             "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
             "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
             "planner/delegations_mean": float(np.mean([len(d) for d in delegations])),
+            **({f"planner/{k}": v for k, v in self.tools.take_counts().items()} if self.single else {}),
             "timing/exchange_http_critical": max(exchange, default=0.0),
             "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
             "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
@@ -206,7 +209,7 @@ class PlannerJob(RootJob):
         """One rollout of a question: the planner's, each delegation an episode of `step` recorded by
         the callee's service; or the single agent's."""
         if self.single:
-            single = SingleAgent(self.engine, self.tokenizer, self.task.call_tool, temperature=temperature,
+            single = SingleAgent(self.engine, self.tokenizer, self.tools, temperature=temperature,
                                  limits=self.limits)  # fmt: skip
             return single.rollout(q.text), []
         calls = iter(range(10_000))
@@ -239,5 +242,6 @@ class PlannerJob(RootJob):
         return out
 
     def close(self) -> None:
+        self.tools.close()
         self.scorer.close()
         self.m.close()

@@ -33,6 +33,7 @@ from mgrpo.runtime import job_task
 from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.arithmetic import parse_turn
 from mgrpo.timing import PhaseTimer
+from mgrpo.tools import ToolBox
 from mgrpo.workflows.deep_research import Episode, align_query, subagent_samples
 from shared_store import EpisodeArrays, Store, keys
 from shared_store.jobs import JobCancelled
@@ -193,8 +194,8 @@ class SubagentJob(CalleeJob):
         super().__init__(store, job_id, cfg, role, **kw)
         self.task = job_task(cfg)
         spec = self.m.spec
-        tools = self.task.tools_of(cfg.flow.role(role).tools)  # the role's own tools only
-        self.agent = SubAgent(self.engine, self.tokenizer, tools, temperature=spec.temperature,
+        self.tools = ToolBox(cfg.tools_of(role), self.task.tools)  # the role's own tools only
+        self.agent = SubAgent(self.engine, self.tokenizer, self.tools, temperature=spec.temperature,
                               limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
 
     def intake_stream(self) -> str:
@@ -223,7 +224,11 @@ class SubagentJob(CalleeJob):
             samples += subagent_samples(
                 q.query_id, slots, fetched, [r.correct for r in q.rollouts], self.role
             )
-        return samples, {"queries_without_episodes": float(empty)}
+        return samples, {"queries_without_episodes": float(empty), **self.tools.take_counts()}
+
+    def close(self) -> None:
+        self.tools.close()
+        super().close()
 
 
 class RoleJob(CalleeJob):

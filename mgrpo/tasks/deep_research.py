@@ -259,16 +259,6 @@ class DeepResearchTask:
         tool = self.tools.get(name)
         return tool(argument) if tool else f"unknown tool {name!r}; tools: {', '.join(sorted(self.tools))}"
 
-    def tools_of(self, allowed: tuple[str, ...]) -> Callable[[str, str], str]:
-        """`call_tool` restricted to a role's tools (an empty tuple: every tool)."""
-
-        def call(name: str, argument: str) -> str:
-            if allowed and name not in allowed:
-                return f"unknown tool {name!r}; tools: {', '.join(allowed)}"
-            return self.call_tool(name, argument)
-
-        return call
-
     def judge(self, subtask: str, result: str) -> float:
         """Expert score of a sub-agent result: 1 if it contains the subtask's fact, else 0; NaN if unscorable."""
         gold = fact(self.world, subtask)

@@ -212,6 +212,60 @@ def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
 
 
+class FlakyToolServer:
+    """The user's HTTP tools `search` and `open` over the built-in world's corpus (so the warm-started
+    sub-agent uses them), failing on purpose: every 5th call sleeps past the job's timeout, every
+    7th answers invalid JSON, and after `alive_calls` calls the server is killed."""
+
+    def __init__(self, alive_calls: int) -> None:
+        self.calls, task = 0, job_task(JobConfig())
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls += 1
+                n = outer.calls
+                if n == alive_calls:
+                    threading.Thread(target=outer.server.shutdown).start()
+                if n % 5 == 0:
+                    time.sleep(1.5)
+                result = task.tools[body["name"]](body["argument"])
+                payload = "{oops" if n % 7 == 0 else json.dumps({"result": result})
+                try:
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(payload.encode())
+                except BrokenPipeError:
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/tool"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_http_tools_that_fail_are_counted_and_the_job_goes_on(cluster):
+    tools = FlakyToolServer(alive_calls=60)
+    spec = {"kind": "http", "url": tools.url, "timeout_s": 0.5, "retries": 0}
+    job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "rollouts_per_query": 4,
+                              "roles": {**SMALL["roles"], "subagent": {**SMALL["roles"]["subagent"], "tools": [
+                                  {"name": "search", **spec}, {"name": "open", **spec}]}}})  # fmt: skip
+    job = wait(cluster, job_id)
+    tools.server.shutdown()
+    assert job["status"] == "succeeded", job["reason"]
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    sub = [r["values"] for r in records if r["role"] == "subagent"]
+    calls, errors = sum(v["subagent/tool_calls"] for v in sub), sum(v["subagent/tool_errors"] for v in sub)
+    assert tools.calls >= 60 and calls >= tools.calls  # every call counted, including those after the kill
+    n = tools.calls  # the calls that reached the server: every 5th timed out, every 7th was garbage
+    assert (
+        errors >= (calls - n) + n // 5 + n // 7 - n // 35 and errors < calls
+    )  # dead, slow, garbage; good too
+
+
 def test_auth_validation_and_missing_jobs(cluster, store):
     url = cluster.url("controller")
     assert httpx.post(f"{url}/v1/jobs", json=SMALL).status_code == 401

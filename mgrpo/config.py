@@ -25,6 +25,15 @@ class ModelSpec(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
     max_new_tokens_per_turn: int = Field(48, ge=1, le=4096, description="Generation budget of one turn.")
     max_context_tokens: int = Field(512, ge=16, le=65536, description="Context budget of one episode.")
+    tool_parser: str = Field(
+        "hermes",
+        pattern=r"^[a-z][a-z0-9_.\-]{0,31}$",
+        description="Chat models (a tokenizer with a chat template): the tool-call format of the model family (hermes: Qwen/Hermes <tool_call>{json}</tool_call>; others via mgrpo.agents.chat.register_tool_parser).",
+    )
+    keep_thinking: bool = Field(
+        False,
+        description="Chat models: keep <think>…</think> in the role's answer (it always stays in the trained tokens).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

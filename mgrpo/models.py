@@ -46,25 +46,29 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained offline on `texts`, tags as special tokens, left padding for batched generation."""
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 320, *, extra_special: tuple[str, ...] = (), eos: str = "<eos>"
+) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained offline on `texts`, tags as special tokens, left padding for batched
+    generation. `extra_special`, `eos`: e.g. a chat template's `<|im_start|>`, `<|im_end|>`."""
+    specials = [*SPECIAL_TOKENS, *extra_special]
+    if vocab_size < 256 + len(specials):
         raise ValueError(
-            f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (bytes + special tokens), got {vocab_size}"
+            f"vocab_size must be >= {256 + len(specials)} (bytes + special tokens), got {vocab_size}"
         )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", padding_side="left",
-        additional_special_tokens=SPECIAL_TOKENS[2:],
+        tokenizer_object=tok, pad_token="<pad>", eos_token=eos, padding_side="left",
+        additional_special_tokens=specials[2:],
     )  # fmt: skip
 
 

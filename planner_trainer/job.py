@@ -18,11 +18,13 @@ import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from mgrpo.agents.agents import AgentLimits, Delegation, PlannerAgent, SingleAgent
+from mgrpo.agents.chat import ChatAgent, ChatFormat, first_string, is_chat_model, tool_schemas
 from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
 from mgrpo.datasets import check_splits, rows_of
@@ -47,7 +49,8 @@ from shared_store.schemas import (
 from shared_store.streams import publish_metrics, publish_step
 
 log = logging.getLogger("mgrpo.planner")
-EVAL_STEP = 999_998  # held-out evaluation's delegations are recorded under this step; no trainer reads it
+# Delegations of held-out evaluation and of POST /v1/rollouts are recorded under these steps; no trainer reads them.
+EVAL_STEP, PROBE_STEP = 999_998, 999_999
 
 
 class PlannerJob(RootJob):
@@ -71,6 +74,9 @@ class PlannerJob(RootJob):
         store.policies.publish(
             PolicyVersion(job_id=job_id, role="planner", version=self.m.version, step=last)
         )
+        self.chat = None if not is_chat_model(self.tokenizer) or self.single else ChatFormat(
+            self.tokenizer, tool_schemas([("delegate", "builtin")]), parser=spec.tool_parser,
+            keep_thinking=spec.keep_thinking, terminal="answer")  # fmt: skip
 
     def produce(self, step: int) -> Rollouts:
         timer = PhaseTimer()
@@ -185,7 +191,7 @@ class PlannerJob(RootJob):
         items = [(qi, q) for qi, q in enumerate(self.held_out)]
         with ThreadPoolExecutor(max_workers=min(64, len(items))) as pool:
             transcripts = list(
-                pool.map(lambda it: self._rollout(EVAL_STEP, f"eval{it[0]}", 0, it[1], 0.0)[0], items)
+                pool.map(lambda it: self.rollout(EVAL_STEP, f"eval{it[0]}", 0, it[1], 0.0)[0], items)
             )
         scores = self._score(self.held_out, transcripts, 1)
         return {"success": finite_mean(scores.values), "format_ok": float(np.mean([t.format_ok for t in transcripts])),
@@ -198,13 +204,13 @@ class PlannerJob(RootJob):
 
         def one(item: tuple[int, int]) -> tuple[Transcript, list[Delegation]]:
             qi, k = item
-            return self._rollout(step, f"q{qi}", k, questions[qi], self.m.spec.temperature)
+            return self.rollout(step, f"q{qi}", k, questions[qi], self.m.spec.temperature)
 
         with ThreadPoolExecutor(max_workers=min(128, len(jobs))) as pool:
             results = list(pool.map(one, jobs))
         return [r[0] for r in results], [r[1] for r in results]
 
-    def _rollout(self, step: int, query_id: str, k: int, q: Question,
+    def rollout(self, step: int, query_id: str, k: int, q: Question,
                  temperature: float) -> tuple[Transcript, list[Delegation]]:  # fmt: skip
         """One rollout of a question: the planner's, each delegation an episode of `step` recorded by
         the callee's service; or the single agent's."""
@@ -223,11 +229,24 @@ class PlannerJob(RootJob):
                     "subtask": subtask}  # fmt: skip
             return client.episode(body)
 
-        agent = PlannerAgent(
-            self.engine, self.tokenizer, delegate, temperature=temperature, limits=self.limits
-        )
-        rollout = agent.rollout(q.text)
-        return rollout.transcript, rollout.delegations
+        if self.chat is None:
+            agent = PlannerAgent(
+                self.engine, self.tokenizer, delegate, temperature=temperature, limits=self.limits
+            )
+            rollout = agent.rollout(q.text)
+            return rollout.transcript, rollout.delegations
+        delegations: list[Delegation] = []
+
+        def call(name: str, arguments: dict[str, Any]) -> str:  # a chat planner delegates through a tool
+            if name != "delegate":
+                return f"unknown tool {name!r}; tools: delegate"
+            delegations.append(delegate(first_string(arguments)))
+            return delegations[-1].result
+
+        chat = ChatAgent(self.engine, self.chat, call, temperature=temperature, max_turns=self.limits.max_turns,
+                         max_context_tokens=self.limits.max_context_tokens,
+                         max_new_tokens_per_turn=self.limits.max_new_tokens_per_turn)  # fmt: skip
+        return chat.run(q.text), delegations
 
     def _query_stats(self, samples: list[Sample], correct: list[float], delegations: list[list[Delegation]]) -> list[QueryStats]:  # fmt: skip
         """The per-query outcomes the sub-agent's trainer reads (its rewards and alignment come from them)."""

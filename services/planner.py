@@ -5,16 +5,16 @@ statistics or scored batches to Redis, update); `POST /v1/rollouts` (deep_resear
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 
-from mgrpo.agents.agents import Delegation, PlannerAgent
 from mgrpo.config import JobConfig
 from mgrpo.runtime import resolve_device
-from mgrpo.workflows.deep_research import callee_of
+from mgrpo.tasks.deep_research import Question
 from planner_trainer.delegate import SubagentClient
-from planner_trainer.job import PlannerJob
+from planner_trainer.job import PROBE_STEP, PlannerJob
 from planner_trainer.marsrl import MarsRootJob
 from services.api import RolloutRequest, RolloutResponse, RolloutView
 from services.common import AuthDep, install_common, running_job
@@ -82,31 +82,13 @@ def rollouts(body: RolloutRequest, job: JobDep) -> RolloutResponse:
             "/v1/rollouts serves deep_research jobs; this job's workflow has no planner",
         )
 
-    def delegate(subtask: str) -> Delegation:
-        client = job.callees.get(callee_of(job.cfg.workflow, subtask))
-        return Delegation(subtask, "no sub-agent") if client is None else _probe(job, client, subtask)
-
-    agent = PlannerAgent(job.engine, job.tokenizer, delegate, temperature=body.temperature, limits=job.limits)
-    out = []
-    for _ in range(body.rollouts):
-        r = agent.rollout(body.question)
-        out.append(RolloutView(text=str(job.tokenizer.decode(r.transcript.token_ids)), answer=r.transcript.final,
-                               format_ok=r.transcript.format_ok,
-                               delegations=[{"subtask": d.subtask, "result": d.result} for d in r.delegations]))  # fmt: skip
+    out, probe = [], f"probe-{uuid.uuid4().hex[:12]}"  # its delegations: a probe step no trainer reads
+    for k in range(body.rollouts):
+        tr, delegations = job.rollout(PROBE_STEP, probe, k, Question("probe", body.question, "", 0, "probe"),
+                                       body.temperature)  # fmt: skip
+        out.append(RolloutView(text=str(job.tokenizer.decode(tr.token_ids)), answer=tr.final, format_ok=tr.format_ok,
+                               delegations=[{"subtask": d.subtask, "result": d.result} for d in delegations]))  # fmt: skip
     return RolloutResponse(rollouts=out, policy_version=job.version)
-
-
-def _probe(job: PlannerJob, client: SubagentClient, subtask: str) -> Delegation:
-    """An off-policy delegation for /v1/rollouts: recorded under a probe step the trainers never read."""
-    body = {
-        "job_id": job.job_id,
-        "step": 999_999,
-        "query_id": "probe",
-        "rollout": 0,
-        "call": 0,
-        "subtask": subtask,
-    }
-    return client.episode(body)
 
 
 def _current(request: Request) -> Any:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
+from mgrpo.agents.chat import ChatAgent, ChatFormat, first_string, is_chat_model, tool_schemas
 from mgrpo.agents.loop import Transcript
 from mgrpo.algo import alignment_seed
 from mgrpo.config import JobConfig
@@ -195,8 +196,16 @@ class SubagentJob(CalleeJob):
         self.task = job_task(cfg)
         spec = self.m.spec
         self.tools = ToolBox(cfg.tools_of(role), self.task.tools)  # the role's own tools only
-        self.agent = SubAgent(self.engine, self.tokenizer, self.tools, temperature=spec.temperature,
-                              limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
+        self.agent: SubAgent | ChatAgent
+        if is_chat_model(self.tokenizer):  # a chat model's folder: its template and tool-call format
+            fmt = ChatFormat(self.tokenizer, tool_schemas([(t.name, t.kind) for t in cfg.tools_of(role)]),
+                             parser=spec.tool_parser, keep_thinking=spec.keep_thinking, terminal="result")  # fmt: skip
+            self.agent = ChatAgent(self.engine, fmt, lambda name, args: self.tools(name, first_string(args)),
+                                   temperature=spec.temperature, max_turns=4, max_context_tokens=spec.max_context_tokens,
+                                   max_new_tokens_per_turn=spec.max_new_tokens_per_turn)  # fmt: skip
+        else:
+            self.agent = SubAgent(self.engine, self.tokenizer, self.tools, temperature=spec.temperature,
+                                  limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
 
     def intake_stream(self) -> str:
         return "planner_stats"

@@ -7,9 +7,7 @@ the repository's `.cache/mgrpo`, so the models already act and rewards vary.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -17,15 +15,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from mgrpo.agents.chat import ChatFormat, tool_schemas
 from mgrpo.config import JobConfig
+from mgrpo.models import load
 from mgrpo.runtime import job_task, warmstart_config
-from mgrpo.scoring import normalized
 from mgrpo.tasks.deep_research import make_questions
 from mgrpo.warmstart import cached_warmstart
-from services.launcher import LocalCluster, free_port
+from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import PlannerStepStats, decode
 from shared_store.streams import get_step
+from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
+from tests.services.loopback import FlakyToolServer, RewardServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,33 +153,6 @@ def test_main_only_freezes_the_subagent(cluster, warm):
     assert job["policy_versions"]["subagent"] == 0
 
 
-class RewardServer:
-    """The user's reward endpoint on loopback: normalised exact match, every batch kept."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[dict]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                items = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["items"]
-                outer.batches.append(items)
-                body = json.dumps(
-                    {"rewards": [normalized(i["answer"], i["reference"]) for i in items]}
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/reward"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):
     """The user's rows (questions about the built-in world, so the warm-started models can answer
     some), uploaded over REST; the user's reward endpoint scores every answer; the held-out split is
@@ -212,39 +186,32 @@ def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
 
 
-class FlakyToolServer:
-    """The user's HTTP tools `search` and `open` over the built-in world's corpus (so the warm-started
-    sub-agent uses them), failing on purpose: every 5th call sleeps past the job's timeout, every
-    7th answers invalid JSON, and after `alive_calls` calls the server is killed."""
-
-    def __init__(self, alive_calls: int) -> None:
-        self.calls, task = 0, job_task(JobConfig())
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls += 1
-                n = outer.calls
-                if n == alive_calls:
-                    threading.Thread(target=outer.server.shutdown).start()
-                if n % 5 == 0:
-                    time.sleep(1.5)
-                result = task.tools[body["name"]](body["argument"])
-                payload = "{oops" if n % 7 == 0 else json.dumps({"result": result})
-                try:
-                    self.send_response(200)
-                    self.end_headers()
-                    self.wfile.write(payload.encode())
-                except BrokenPipeError:
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/tool"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+def test_a_sub_agent_on_a_chat_model(cluster, store, warm, tmp_path):
+    """The sub-agent on a random tiny chat model given by path (a Qwen2.5-style template, Hermes tool
+    calls), the planner warm-started: the job succeeds, both roles train, and every recorded
+    episode starts with the template's prompt and the role's tool schemas."""
+    path = chat_model_folder(tmp_path / "chat", TEMPLATES["qwen2.5"], seed=1, eos_logit=10)
+    job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "roles": {**SMALL["roles"], "subagent": {
+        "model": {"path": str(path), "max_new_tokens_per_turn": 48, "max_context_tokens": 1024},
+        "optim": {"lr": 1e-3}, "tools": [{"name": "search"}, {"name": "open"}, {"name": "calculator"}]}}})  # fmt: skip
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    for role, start in (("planner", warm.planner_path), ("subagent", path)):
+        before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
+        assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
+    (stats,) = stream_messages(store, job_id, "planner_stats", PlannerStepStats)
+    fmt = ChatFormat(
+        load(path)[1], tool_schemas([("search", "builtin"), ("open", "builtin"), ("calculator", "builtin")])
+    )
+    ids = [e for q in stats.queries for r in q.rollouts for e in r.episodes.get("subagent", [])]
+    assert ids
+    for eid in ids[:5]:
+        meta, arrays = store.episodes.get_one(job_id, stats.step, eid)
+        prompt = fmt.prompt_ids(meta.subtask)
+        assert (
+            arrays.token_ids[: len(prompt)].tolist() == prompt and not arrays.loss_mask[: len(prompt)].any()
+        )
+        assert arrays.loss_mask[len(prompt)] == 1
 
 
 def test_http_tools_that_fail_are_counted_and_the_job_goes_on(cluster):

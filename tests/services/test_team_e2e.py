@@ -5,6 +5,7 @@ repository's `.cache/mgrpo`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -13,12 +14,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from mgrpo.agents.chat import ChatFormat, tool_schemas
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
+from mgrpo.models import load
+from mgrpo.runtime import job_task, warmstart_config
+from mgrpo.tasks.deep_research import make_questions
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import PlannerStepStats, decode
+from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
+from tests.services.loopback import FlakyToolServer, RewardServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -70,3 +76,73 @@ def test_two_kinds_of_sub_agents_each_aligned_to_k_d(cluster, warm):
         before = dict(AutoModelForCausalLM.from_pretrained(str(warm.folder / role)).named_parameters())
         after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
         assert not [n for n, p in after.items() if torch.equal(p, before[n])], role
+
+
+def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, tmp_path):
+    """Issue 14 end to end: an uploaded dataset, the user's HTTP tools (the warm-started searcher's
+    search and open, served by a loopback server) and reward endpoint, and the comparer on a random
+    tiny chat model with a Qwen3-style template, given by path. Every role's parameters move; every
+    chat episode is recorded with the template's prompt. (Both sub-agents on untrained chat models
+    would never reach the comparer: the planner writes a comparison only after lookups that return
+    facts. `test_e2e.py` trains a sub-agent on a Qwen2.5-style chat model.)"""
+    job = JobConfig.model_validate(JOB)
+    world = job_task(job).world
+    questions = [("train", q) for q in make_questions(world, "train", 2, 15, seed=3)] + [
+        ("test", q) for q in make_questions(world, "heldout", 2, 5, seed=3)]  # fmt: skip
+    rows = "\n".join(json.dumps({"query": q.text, "answer": q.answer, "split": s}) for s, q in questions)
+    up = httpx.post(f"{cluster.url('controller')}/v1/datasets", content=rows, headers=H, timeout=30)
+    assert up.status_code in (200, 201), up.text
+    paths = {"comparer": chat_model_folder(tmp_path / "comparer", TEMPLATES["qwen3"], seed=2, eos_logit=10)}
+    tools, reward = FlakyToolServer(job=job, flaky=False), RewardServer()
+    http_tool = {"kind": "http", "url": tools.url, "timeout_s": 5}
+    chat = {"max_new_tokens_per_turn": 48, "max_context_tokens": 1024}
+    config = {**JOB, "dataset": {"source": up.json()["dataset_id"], "eval_queries": 5},
+              "reward": {"kind": "http", "url": reward.url},
+              "roles": {"planner": {"optim": {"lr": 1e-3}},
+                        "searcher": {"optim": {"lr": 1e-3},
+                                     "tools": [{"name": "search", **http_tool}, {"name": "open", **http_tool}]},
+                        "comparer": {"model": {"path": str(paths["comparer"]), **chat}, "optim": {"lr": 1e-3}}}}  # fmt: skip
+    try:
+        r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=config, headers=H, timeout=30)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+        deadline = time.monotonic() + 900
+        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json())["status"] in (
+            "queued", "running"):  # fmt: skip
+            assert time.monotonic() < deadline, view
+            time.sleep(0.5)
+    finally:
+        tools.server.shutdown()
+        reward.server.shutdown()
+    assert view["status"] == "succeeded", view["reason"]
+    assert reward.batches and tools.calls > 0 and "success_after" in view["latest_metrics"]["eval"]
+    starts = {"planner": warm.folder / "planner", "searcher": warm.folder / "searcher", **paths}
+    for role in ROLES:
+        ckpt = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1]
+        before = dict(AutoModelForCausalLM.from_pretrained(str(starts[role])).named_parameters())
+        after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
+        metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+        mine = [m["values"] for m in metrics if m["role"] == role]
+        assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved: {mine}"
+    store = Store.connect(cluster.redis_url)
+    ((_, fields),) = store.client.xrange(keys.stream(job_id, "planner_stats"))  # step 1
+    stats = decode(PlannerStepStats, fields[b"data"])
+    for role in paths:  # the chat template's prompt (mask 0), then sampled ids (mask 1)
+        fmt = ChatFormat(load(paths[role])[1], [])
+        ids = [e for q in stats.queries for ro in q.rollouts for e in ro.episodes.get(role, [])]
+        assert ids, f"no {role} episode"
+        for eid in ids[:5]:
+            recorded = store.episodes.get_one(job_id, 1, eid)
+            assert recorded is not None
+            meta, arrays = recorded
+            schemas = tool_schemas(
+                [(t.name, t.kind) for t in JobConfig.model_validate(config).tools_of(role)]
+            )
+            prompt = ChatFormat(fmt.tok, schemas).prompt_ids(meta.subtask)
+            assert (
+                arrays.token_ids[: len(prompt)].tolist() == prompt
+                and not arrays.loss_mask[: len(prompt)].any()
+            )
+            assert (
+                arrays.loss_mask[len(prompt) :].all() or meta.finish_reason != "result"
+            )  # one turn unless a tool ran

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mgrpo.workflows import Workflow, get_workflow
 
@@ -197,9 +197,10 @@ _LEGACY = {"planner": ("planner", "model"), "subagent": ("subagent", "model"),
 class JobConfig(_Strict):
     """A training job."""
 
-    workflow: Literal["deep_research", "deep_research_team", "marsrl"] = Field(
+    workflow: str = Field(
         "deep_research",
-        description="deep_research: planner → sub-agent (M-GRPO); deep_research_team: planner → searcher | comparer; marsrl: solver → verifier → corrector (MarsRL).",
+        max_length=64,
+        description="deep_research: planner → sub-agent (M-GRPO); deep_research_team: planner → searcher | comparer; marsrl: solver → verifier → corrector (MarsRL); or an installed plugin's workflow (entry point group mgrpo.workflows).",
     )
     mode: Literal["co_train", "main_only", "single_agent"] = Field(
         "co_train",
@@ -278,6 +279,12 @@ class JobConfig(_Strict):
         },
     )  # fmt: skip
 
+    @field_validator("workflow")
+    @classmethod
+    def _known_workflow(cls, name: str) -> str:
+        get_workflow(name)  # a ValueError naming the built-ins and plugins
+        return name
+
     @model_validator(mode="before")
     @classmethod
     def _legacy_fields(cls, data: Any) -> Any:
@@ -298,7 +305,7 @@ class JobConfig(_Strict):
                 raise ValueError(
                     f"roles.{name}: the workflow {wf.name!r} has no role {name!r}; its roles are {', '.join(wf.role_names)}"
                 )
-            if rc.share_model_with is not None and wf.name != "marsrl":
+            if rc.share_model_with is not None and wf.machinery != "marsrl":
                 raise ValueError(
                     f"roles.{name}.share_model_with: the {wf.name} workflow trains each role with a model of its own; only marsrl's roles can share the root's"
                 )
@@ -307,11 +314,11 @@ class JobConfig(_Strict):
                     f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"
                 )
         self._check_tools(wf)
-        if self.workflow == "marsrl" and (self.dataset is not None or self.reward != RewardConfig()):
+        if self.engine == "marsrl" and (self.dataset is not None or self.reward != RewardConfig()):
             raise ValueError(
                 "dataset, reward: the marsrl workflow trains on its built-in arithmetic problems with agent-specific rewards; datasets and rewards are for the deep_research workflows"
             )
-        if self.workflow == "marsrl" and self.mode != "co_train":
+        if self.engine == "marsrl" and self.mode != "co_train":
             raise ValueError(
                 "mode: the marsrl workflow trains every role (co_train); main_only and single_agent are deep_research modes"
             )
@@ -324,7 +331,7 @@ class JobConfig(_Strict):
             uses_tools = (
                 self.mode == "single_agent" if name == wf.root else "delegate" not in wf.role(name).tools
             )
-            if not uses_tools or wf.name == "marsrl":
+            if not uses_tools or wf.machinery == "marsrl":
                 raise ValueError(
                     f"roles.{name}.tools: the {name} role of {wf.name} does not call tools; the tool-using roles are the sub-agents (and the planner in single_agent mode)"
                 )
@@ -333,6 +340,11 @@ class JobConfig(_Strict):
                 raise ValueError(f"roles.{name}.tools: tool names must be unique, got {names}")
 
     # ---- what the trainers read -------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        """The built-in machinery the job's workflow runs on (a plugin's `engine`, else its own name)."""
+        return get_workflow(self.workflow).machinery
+
     @property
     def flow(self) -> Workflow:
         """The job's workflow (`single_agent` mode: the one-role single-agent workflow)."""

@@ -39,7 +39,7 @@ def warmstart_config(job: JobConfig) -> WarmstartConfig:
     return WarmstartConfig(
         seed=job.seed, n_people=job.n_people, steps=steps,
         planner_preset=job.model_of("planner").preset or "tiny",
-        subagent_preset=job.model_of("searcher" if job.workflow == "deep_research_team" else "subagent").preset or "tiny-wide",
+        subagent_preset=job.model_of("searcher" if job.engine == "deep_research_team" else "subagent").preset or "tiny-wide",
         eval_questions=100 if steps >= 100 else 0,
     )  # fmt: skip
 
@@ -63,14 +63,14 @@ def role_model_source(job: JobConfig, role: RoleName, cache_dir: Path) -> str:
     spec = job.model_of("planner" if role == "single" else role)
     if spec.path is not None:
         return spec.path
-    if job.workflow == "marsrl":
+    if job.engine == "marsrl":
         shared = role == job.flow.root and len(job.root_roles) > 1
         return str(
             cached_marsrl_warmstart(marsrl_warmstart_config(job), cache_dir).path(
                 "shared" if shared else role
             )
         )
-    if job.workflow == "deep_research_team" and role != "single":
+    if job.engine == "deep_research_team" and role != "single":
         if role == "comparer" and spec.preset != "tiny":
             raise ValueError(
                 "roles.comparer.model: the team warm start trains the comparer from the 'tiny' preset; give a path for another model"

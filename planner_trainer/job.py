@@ -221,7 +221,7 @@ class PlannerJob(RootJob):
         calls = iter(range(10_000))
 
         def delegate(subtask: str) -> Delegation:
-            role = callee_of(self.cfg.workflow, subtask)
+            role = callee_of(self.cfg.engine, subtask)
             client = self.callees.get(role)
             if client is None:
                 raise PartnerError(f"no {role} service configured (MGRPO_ROLE_URLS or MGRPO_SUBAGENT_URL)")

@@ -115,11 +115,11 @@ def run_train(
     if any(
         job.model_of(r).preset is not None for r in job.flow.role_names
     ):  # warm-start here, with a progress bar
-        if job.workflow == "marsrl":
+        if job.engine == "marsrl":
             marsrl_warmstart_with_progress(marsrl_warmstart_config(job), cache_dir, console)
         else:
             single = job.mode == "single_agent"
-            team = job.workflow == "deep_research_team" and not single
+            team = job.engine == "deep_research_team" and not single
             warmstart_with_progress(warmstart_config(job), cache_dir, console, single_agent=single, team=team)
     with LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
                       roles=job.trainer_roles) as cluster:  # fmt: skip

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request, status
 from mgrpo.config import JobConfig
 from mgrpo.runtime import resolve_device
 from mgrpo.tasks.deep_research import Question
+from mgrpo.workflows import get_workflow, import_string
 from planner_trainer.delegate import SubagentClient
 from planner_trainer.job import PROBE_STEP, PlannerJob
 from planner_trainer.marsrl import MarsRootJob
@@ -41,11 +42,9 @@ class PlannerRuntime:
         clients = {r: self._client(r, cfg) for r in cfg.callee_trainers}
         common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
                                       device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
-        job: PlannerJob | MarsRootJob
-        if cfg.workflow == "marsrl":
-            job = MarsRootJob(self.store, job_id, cfg, callees=clients, **common)
-        else:
-            job = PlannerJob(self.store, job_id, cfg, callees=clients, **common)
+        custom = get_workflow(cfg.workflow).root_job  # a plugin's own root job class
+        cls = import_string(custom) if custom else MarsRootJob if cfg.engine == "marsrl" else PlannerJob
+        job: PlannerJob | MarsRootJob = cls(self.store, job_id, cfg, callees=clients, **common)
         self.job = job
         try:
             job.run()

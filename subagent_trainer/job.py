@@ -16,16 +16,24 @@ timed as `timing/<role>_<phase>`.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
 
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
-from mgrpo.agents.chat import ChatAgent, ChatFormat, first_string, is_chat_model, tool_schemas
+from mgrpo.agents.chat import (
+    ChatAgent,
+    ChatFormat,
+    first_string,
+    is_chat_model,
+    retokenize_drift,
+    tool_schemas,
+)
 from mgrpo.agents.loop import Transcript
 from mgrpo.algo import alignment_seed
 from mgrpo.config import JobConfig
@@ -35,6 +43,7 @@ from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.arithmetic import parse_turn
 from mgrpo.timing import PhaseTimer
 from mgrpo.tools import ToolBox
+from mgrpo.workflows import get_workflow, import_string
 from mgrpo.workflows.deep_research import Episode, align_query, subagent_samples
 from shared_store import EpisodeArrays, Store, keys
 from shared_store.jobs import JobCancelled
@@ -196,6 +205,7 @@ class SubagentJob(CalleeJob):
         self.task = job_task(cfg)
         spec = self.m.spec
         self.tools = ToolBox(cfg.tools_of(role), self.task.tools)  # the role's own tools only
+        self.drift, self.drift_lock = [0, 0], threading.Lock()  # chat episodes: served, re-tokenising drifts
         self.agent: SubAgent | ChatAgent
         if is_chat_model(self.tokenizer):  # a chat model's folder: its template and tool-call format
             fmt = ChatFormat(self.tokenizer, tool_schemas([(t.name, t.kind) for t in cfg.tools_of(role)]),
@@ -212,6 +222,11 @@ class SubagentJob(CalleeJob):
 
     def episode(self, text: str) -> tuple[Transcript, float, str]:
         tr = self.agent.run(text)
+        if isinstance(self.agent, ChatAgent):  # reported: would re-tokenising its turns change the ids?
+            drift = retokenize_drift(self.agent.fmt, tr)
+            with self.drift_lock:
+                self.drift[0] += 1
+                self.drift[1] += drift
         expert = self.task.judge(text, tr.final or "") if tr.format_ok else 0.0
         return tr, expert, tr.final if tr.format_ok and tr.final else "no result"
 
@@ -233,7 +248,10 @@ class SubagentJob(CalleeJob):
             samples += subagent_samples(
                 q.query_id, slots, fetched, [r.correct for r in q.rollouts], self.role
             )
-        return samples, {"queries_without_episodes": float(empty), **self.tools.take_counts()}
+        with self.drift_lock:
+            (n, drifted), self.drift = self.drift, [0, 0]
+        chat = {"retokenize_drift": drifted / n} if n else {}  # episodes served since the last step
+        return samples, {"queries_without_episodes": float(empty), **self.tools.take_counts(), **chat}
 
     def close(self) -> None:
         self.tools.close()
@@ -275,4 +293,7 @@ class RoleJob(CalleeJob):
 
 def callee_job(cfg: JobConfig) -> Callable[..., CalleeJob]:
     """The job class of a callee role in the job's workflow."""
-    return RoleJob if cfg.workflow == "marsrl" else SubagentJob
+    custom = get_workflow(cfg.workflow).callee_job
+    if custom:
+        return cast(Callable[..., CalleeJob], import_string(custom))
+    return RoleJob if cfg.engine == "marsrl" else SubagentJob

@@ -17,10 +17,22 @@ class RoleSpec:
 
 @dataclass(frozen=True)
 class Workflow:
+    """`engine`: the built-in workflow whose machinery (warm starts, step assembly, services) runs it
+    (default: its own name). `root_job`, `callee_job`: "module:Class" of a plugin's own trainer job
+    classes (subclasses of the engine's: planner_trainer.job.PlannerJob, subagent_trainer.job.SubagentJob, …);
+    empty: the engine's."""
+
     name: str
     root: str
     roles: tuple[RoleSpec, ...]
     description: str = ""
+    engine: str = ""
+    root_job: str = ""
+    callee_job: str = ""
+
+    @property
+    def machinery(self) -> str:
+        return self.engine or self.name
 
     @property
     def role_names(self) -> tuple[str, ...]:

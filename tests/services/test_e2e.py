@@ -7,6 +7,7 @@ the repository's `.cache/mgrpo`, so the models already act and rewards vary.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from shared_store import Store, keys
 from shared_store.schemas import PlannerStepStats, decode
 from shared_store.streams import get_step
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
+from tests.plugin_path import plugin_dist
 from tests.services.loopback import FlakyToolServer, RewardServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
@@ -44,8 +46,14 @@ def warm():
 
 @pytest.fixture(scope="module")
 def cluster(redis_url, tmp_path_factory, warm):
+    # the example workflow plugin, discoverable by every service as if pip-installed
+    paths = [
+        *plugin_dist(tmp_path_factory.mktemp("plugin")),
+        ROOT,
+        *filter(None, [os.environ.get("PYTHONPATH")]),
+    ]
     c = LocalCluster(tmp_path_factory.mktemp("cluster"), redis_url=redis_url, api_token=TOKEN,
-                     extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+                     extra_env={"MGRPO_CACHE_DIR": str(CACHE), "PYTHONPATH": os.pathsep.join(map(str, paths))})  # fmt: skip
     with c:
         yield c
 
@@ -199,6 +207,8 @@ def test_a_sub_agent_on_a_chat_model(cluster, store, warm, tmp_path):
     for role, start in (("planner", warm.planner_path), ("subagent", path)):
         before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    assert all(0 <= r["values"]["subagent/retokenize_drift"] <= 1 for r in records if r["role"] == "subagent")
     (stats,) = stream_messages(store, job_id, "planner_stats", PlannerStepStats)
     fmt = ChatFormat(
         load(path)[1], tool_schemas([("search", "builtin"), ("open", "builtin"), ("calculator", "builtin")])
@@ -212,6 +222,18 @@ def test_a_sub_agent_on_a_chat_model(cluster, store, warm, tmp_path):
             arrays.token_ids[: len(prompt)].tolist() == prompt and not arrays.loss_mask[: len(prompt)].any()
         )
         assert arrays.loss_mask[len(prompt)] == 1
+
+
+def test_a_plugin_workflow(cluster):
+    """`workflow: lookup` from the example plugin (examples/lookup_plugin): the services find it
+    through its entry point and run its own root job class on the deep_research engine."""
+    job = wait(cluster, submit(cluster, {**SMALL, "workflow": "lookup"}))
+    assert job["status"] == "succeeded", job["reason"]
+    assert job["latest_metrics"]["planner"]["lookup/one_fact_questions"] == SMALL["prompts_per_step"]
+    r = httpx.post(
+        f"{cluster.url('controller')}/v1/jobs", json={"workflow": "lookups"}, headers=H, timeout=30
+    )
+    assert r.status_code == 422 and "unknown workflow 'lookups'" in r.text and "lookup" in r.text
 
 
 def test_http_tools_that_fail_are_counted_and_the_job_goes_on(cluster):

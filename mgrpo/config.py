@@ -190,6 +190,31 @@ class RewardConfig(_Strict):
         return self
 
 
+class ProgramConfig(_Strict):
+    """The user's agent program (workflow `openai_agents`): one run is one rollout of one query."""
+
+    entry_point: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="A Python function `package.module:function(query, base_urls, api_key) -> answer` importable by the root role's service; base_urls maps each role to its OpenAI-compatible base URL for this run.",
+    )
+    url: str | None = Field(
+        None,
+        pattern=r"^https?://\S{1,2000}$",
+        description='Or an HTTP endpoint: POST {"query", "base_urls", "api_key"} → {"answer": "…"}.',
+    )
+    timeout_s: float = Field(300.0, gt=0, le=3600, description="One run's time limit (HTTP programs).")
+    max_tokens: int = Field(
+        256, ge=1, le=8192, description="A completion's token budget when the program sets none."
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ProgramConfig:
+        if (self.entry_point is None) == (self.url is None):
+            raise ValueError("give exactly one of 'entry_point' or 'url'")
+        return self
+
+
 _LEGACY = {"planner": ("planner", "model"), "subagent": ("subagent", "model"),
            "planner_optim": ("planner", "optim"), "subagent_optim": ("subagent", "optim")}  # fmt: skip
 
@@ -230,6 +255,9 @@ class JobConfig(_Strict):
         description="Train on a user dataset's queries and reference answers (deep_research workflows); null: the built-in world's questions.",
     )
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    program: ProgramConfig | None = Field(
+        None, description="workflow openai_agents: the agent program whose runs are the rollouts."
+    )
     stage: Literal[1, 2] = Field(
         2, description="Question stage of the built-in task (1 simple, 2 multi-hop)."
     )
@@ -314,6 +342,16 @@ class JobConfig(_Strict):
                     f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"
                 )
         self._check_tools(wf)
+        if (self.engine == "openai_agents") != (self.program is not None):
+            raise ValueError(
+                "program: give it exactly when the workflow is openai_agents (the program is its rollout)"
+            )
+        if self.engine == "openai_agents":
+            missing = [r for r in wf.role_names if self.model_of(r).path is None]
+            if missing or self.mode != "co_train":
+                raise ValueError(
+                    f"roles.{(missing or ['planner'])[0]}.model: the openai_agents workflow serves chat models: give every role's model.path (a folder with a chat template), mode co_train"
+                )
         if self.engine == "marsrl" and (self.dataset is not None or self.reward != RewardConfig()):
             raise ValueError(
                 "dataset, reward: the marsrl workflow trains on its built-in arithmetic problems with agent-specific rewards; datasets and rewards are for the deep_research workflows"

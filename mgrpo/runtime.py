@@ -39,7 +39,7 @@ def warmstart_config(job: JobConfig) -> WarmstartConfig:
     return WarmstartConfig(
         seed=job.seed, n_people=job.n_people, steps=steps,
         planner_preset=job.model_of("planner").preset or "tiny",
-        subagent_preset=job.model_of("searcher" if job.engine == "deep_research_team" else "subagent").preset or "tiny-wide",
+        subagent_preset=job.model_of("subagent" if "subagent" in job.flow.role_names else job.flow.callees[0]).preset or "tiny-wide",
         eval_questions=100 if steps >= 100 else 0,
     )  # fmt: skip
 

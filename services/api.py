@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared_store.schemas import JobStatus, MetricsEvent, PolicyVersion
 
@@ -136,3 +136,23 @@ class RolloutView(BaseModel):
 class RolloutResponse(BaseModel):
     rollouts: list[RolloutView]
     policy_version: int
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat-completions request (the fields mgrpo reads; others, e.g. tool_choice, are accepted
+    and ignored). Non-streaming, one choice."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field("", max_length=256)
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=512)
+    tools: list[dict[str, Any]] | None = Field(None, max_length=64)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=1, le=8192)
+    max_completion_tokens: int | None = Field(None, ge=1, le=8192)
+    stream: bool = Field(False, description="Must be false: streaming is not served.")
+    n: int = Field(1, ge=1, le=1)
+    user: str | None = Field(
+        None,
+        max_length=128,
+        description="A session id (`<step>.<query>.<rollout>`) to record the call under.",
+    )

@@ -82,6 +82,7 @@ class LocalCluster:
             "MGRPO_SUBAGENT_URL": callees.get("subagent", ""),
             "MGRPO_CHECKPOINT_DIR": str(self.run_dir / "checkpoints" / role),
             "MGRPO_CONSUMER_NAME": f"local-{role}",
+            "MGRPO_PUBLIC_URL": self.url(role),
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
             **self.role_env.get(role, {}),

@@ -17,6 +17,7 @@ from mgrpo.workflows import get_workflow, import_string
 from planner_trainer.delegate import SubagentClient
 from planner_trainer.job import PROBE_STEP, PlannerJob
 from planner_trainer.marsrl import MarsRootJob
+from planner_trainer.program import ProgramRootJob
 from services.api import RolloutRequest, RolloutResponse, RolloutView
 from services.common import AuthDep, install_common, running_job
 from services.generate import add_policy_routes
@@ -25,6 +26,10 @@ from services.worker import service_role, trainer_lifespan
 from shared_store import Store
 
 ROLE = service_role("planner")
+ROOT_JOBS: dict[str, type[PlannerJob] | type[MarsRootJob]] = {
+    "marsrl": MarsRootJob,
+    "openai_agents": ProgramRootJob,
+}
 
 
 class PlannerRuntime:
@@ -43,7 +48,10 @@ class PlannerRuntime:
         common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
                                       device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
         custom = get_workflow(cfg.workflow).root_job  # a plugin's own root job class
-        cls = import_string(custom) if custom else MarsRootJob if cfg.engine == "marsrl" else PlannerJob
+        if cfg.engine == "openai_agents":  # the agent program reaches every role, this one included
+            urls = {ROLE: s.public_url, **{r: s.callee_url(r) or "" for r in cfg.callee_trainers}}
+            common |= dict(role_urls=urls, api_key=s.api_token)
+        cls = import_string(custom) if custom else ROOT_JOBS.get(cfg.engine, PlannerJob)
         job: PlannerJob | MarsRootJob = cls(self.store, job_id, cfg, callees=clients, **common)
         self.job = job
         try:

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
         description="Where a trainer keeps its model, rolls out and trains: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU).",
     )
 
+    public_url: str = Field(
+        "",
+        description="This service's URL as other processes reach it (the openai_agents root hands its own role's base URL to the agent program).",
+    )
     max_dataset_bytes: int = Field(
         64 * 1024 * 1024, ge=1, description="Largest dataset file POST /v1/datasets takes (413 beyond it)."
     )

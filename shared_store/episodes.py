@@ -18,7 +18,7 @@ import redis
 from shared_store import keys
 from shared_store._text import as_str
 from shared_store.codec import EpisodeArrays, decode_arrays, pack_episode, unpack_episode
-from shared_store.schemas import EpisodeMeta, decode, encode
+from shared_store.schemas import EpisodeMeta, decode, encode, episode_id
 
 EPISODE_TTL_S = 2 * 24 * 3600
 
@@ -70,6 +70,16 @@ class EpisodeStore:
         if found is None:  # collected in between: nothing to replay against
             raise EpisodeNotFoundError([eid])
         return found[0], False
+
+    def record_call(self, *, job_id: str, step: int, query_id: str, rollout: int, call: int, version: int,
+                    arrays: EpisodeArrays, finish_reason: str, subtask: str, result: str) -> EpisodeMeta:  # fmt: skip
+        """One served chat completion as an episode of its session (`openai_agents`): written once per
+        (step, query, rollout, call); a call cut off at its token budget is not format_ok."""
+        meta = EpisodeMeta(job_id=job_id, step=step, policy_version=version,
+                           episode_id=episode_id(step, query_id, rollout, call), query_id=query_id, rollout=rollout,
+                           call=call, n_tokens=len(arrays), format_ok=finish_reason != "length",
+                           finish_reason=finish_reason, subtask=subtask[:2000], result=result[:2000])  # fmt: skip
+        return self.put_once(meta, arrays)[0]
 
     def get_one(self, job_id: str, step: int, episode_id: str) -> tuple[EpisodeMeta, EpisodeArrays] | None:
         blob = cast(bytes | None, self.r.hget(keys.step_episodes(job_id, step), episode_id))

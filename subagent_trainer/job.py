@@ -296,4 +296,8 @@ def callee_job(cfg: JobConfig) -> Callable[..., CalleeJob]:
     custom = get_workflow(cfg.workflow).callee_job
     if custom:
         return cast(Callable[..., CalleeJob], import_string(custom))
+    if cfg.engine == "openai_agents":
+        from subagent_trainer.program import ProgramCalleeJob  # it builds on this module
+
+        return ProgramCalleeJob
     return RoleJob if cfg.engine == "marsrl" else SubagentJob

@@ -51,12 +51,20 @@ DEEP_RESEARCH_TEAM = Workflow(
               "the K·D aligned comparisons of one question")),
     "Deep research with two kinds of sub-agents: lookups go to a searcher, comparisons to a comparer.",
 )  # fmt: skip
+OPENAI_AGENTS = Workflow(
+    "openai_agents", "planner",
+    (RoleSpec("planner", "", (), "the rollout's outcome (the job's reward on the program's answer)",
+              "every call of the query's K runs, aligned to D per run"),
+     RoleSpec("searcher", "", (), "the rollout's outcome", "every call of the query's K runs, aligned to D per run"),
+     RoleSpec("comparer", "", (), "the rollout's outcome", "every call of the query's K runs, aligned to D per run")),
+    "Your agent program (written against the OpenAI API) is the rollout; each role is a chat model behind its own /v1/chat/completions.",
+)  # fmt: skip
 WORKFLOWS: dict[str, Workflow] = {
-    w.name: w for w in (DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, SINGLE_AGENT)
+    w.name: w for w in (DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, SINGLE_AGENT, OPENAI_AGENTS)
 }
 
 
-ENGINES = ("deep_research", "deep_research_team", "marsrl")
+ENGINES = ("deep_research", "deep_research_team", "marsrl", "openai_agents")
 
 
 def check_plugin(wf: object, source: str) -> Workflow:
@@ -113,6 +121,7 @@ __all__ = [
     "DEEP_RESEARCH_TEAM",
     "ENTRY_POINT_GROUP",
     "MARSRL",
+    "OPENAI_AGENTS",
     "SINGLE_AGENT",
     "WORKFLOWS",
     "RoleSpec",

@@ -16,6 +16,9 @@ from services.launcher import free_port
 class RewardServer:
     """The user's reward endpoint on loopback: normalised exact match, every batch kept."""
 
+    def score(self, answer: str, reference: str) -> float:
+        return normalized(answer, reference)
+
     def __init__(self) -> None:
         self.batches: list[list[dict]] = []
         outer = self
@@ -25,7 +28,7 @@ class RewardServer:
                 items = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["items"]
                 outer.batches.append(items)
                 body = json.dumps(
-                    {"rewards": [normalized(i["answer"], i["reference"]) for i in items]}
+                    {"rewards": [outer.score(i["answer"], i["reference"]) for i in items]}
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

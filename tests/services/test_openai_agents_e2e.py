@@ -1,0 +1,96 @@
+"""End to end, `openai_agents`: an agent program written with the plain `openai` client
+(examples/openai_agent) is the rollout. Three role services (planner, searcher, comparer), each a
+random tiny chat model behind OpenAI-compatible chat completions; the root runs the program per
+query and rollout, every call is recorded as an episode of the role that served it, a loopback
+reward endpoint scores the answers, and all three models train."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from openai import AuthenticationError, OpenAI
+from transformers import AutoModelForCausalLM
+
+from mgrpo.workflows.openai_agents import parse_episode
+from services.launcher import LocalCluster
+from shared_store import Store
+from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
+from tests.services.loopback import RewardServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "agents-token"
+H = {"Authorization": f"Bearer {TOKEN}"}
+ROLES = ("planner", "searcher", "comparer")
+
+
+class ShortAnswers(RewardServer):
+    """The user's reward: 1 for an answer of at most three words (random models vary on it)."""
+
+    def score(self, answer: str, reference: str) -> float:
+        return float(len(answer.split()) <= 3)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    c = LocalCluster(tmp_path_factory.mktemp("agents"), api_token=TOKEN, roles=ROLES, extra_env=env)
+    with c:
+        yield c
+
+
+def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
+    models = {r: chat_model_folder(tmp_path / r, TEMPLATES["qwen2.5" if r != "comparer" else "qwen3"], seed=i)
+              for i, r in enumerate(ROLES)}  # fmt: skip
+    reward = ShortAnswers()
+    job = {"workflow": "openai_agents", "steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4,
+           "subagent_slots_per_rollout": 2, "program": {"entry_point": "examples.openai_agent.agent:run"},
+           "reward": {"kind": "http", "url": reward.url},
+           "roles": {r: {"model": {"path": str(p)}, "optim": {"lr": 1e-3}} for r, p in models.items()}}  # fmt: skip
+    try:
+        r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=job, headers=H, timeout=30)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+        deadline = time.monotonic() + 600
+        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json())["status"] in (
+            "queued", "running"):  # fmt: skip
+            assert time.monotonic() < deadline, view
+            time.sleep(0.5)
+    finally:
+        reward.server.shutdown()
+    assert view["status"] == "succeeded", view["reason"]
+    planner = view["latest_metrics"]["planner"]
+    assert (
+        planner["planner/program_errors"] == 0 and planner["planner/calls"] == 2 * 2 * 4
+    )  # 2 planner calls a run
+    assert reward.batches and all(len(b) == 8 for b in reward.batches)
+    for role in ROLES:  # every role's calls were recorded, trained on, and moved its model
+        counts = view["samples"][role]
+        assert counts["produced"] > 0 and counts["trained"] > 0, (role, counts)
+        ckpt = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1]
+        before = dict(AutoModelForCausalLM.from_pretrained(str(models[role])).named_parameters())
+        after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
+        assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
+    ids = Store.connect(cluster.redis_url).episodes.step_ids(job_id, 1)
+    assert {parse_episode(e)[1] for e in ids if parse_episode(e)} == set(ROLES)
+
+
+def test_chat_completions_are_openai_compatible_and_need_the_token(cluster):
+    base = f"{cluster.url('searcher')}/v1"
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=base, api_key="wrong", max_retries=0).chat.completions.create(
+            model="searcher", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    r = httpx.post(
+        f"{base}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10
+    )
+    assert r.status_code == 401
+    r = httpx.post(f"{base}/s/0.q0.0/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                   headers=H, timeout=10)  # fmt: skip
+    assert r.status_code == 409 and "openai_agents" in r.json()["detail"]  # no job running now
+    r = httpx.post(f"{base}/s/not-a-session/chat/completions", json={"messages": []}, headers=H, timeout=10)
+    assert r.status_code == 422

@@ -15,6 +15,7 @@ from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
+from mgrpo.workflows import get_workflow
 from mgrpo.workflows.marsrl_warmstart import ROLES as MARS_ROLES
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
@@ -36,10 +37,12 @@ def resolve_device(name: str) -> torch.device:
 
 def warmstart_config(job: JobConfig) -> WarmstartConfig:
     steps = 350 if job.warmstart_steps is None else job.warmstart_steps
+    wf = get_workflow(job.workflow)  # not job.flow: single_agent mode still names the warm start's sub-agent
+    callee = "subagent" if "subagent" in wf.role_names else wf.callees[0]
     return WarmstartConfig(
         seed=job.seed, n_people=job.n_people, steps=steps,
         planner_preset=job.model_of("planner").preset or "tiny",
-        subagent_preset=job.model_of("subagent" if "subagent" in job.flow.role_names else job.flow.callees[0]).preset or "tiny-wide",
+        subagent_preset=job.model_of(callee).preset or "tiny-wide",
         eval_questions=100 if steps >= 100 else 0,
     )  # fmt: skip
 

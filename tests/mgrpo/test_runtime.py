@@ -1,0 +1,20 @@
+"""Which warm start a job names: its sub-agent's preset in every workflow and mode."""
+
+import pytest
+
+from mgrpo.config import JobConfig
+from mgrpo.runtime import warmstart_config
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"roles": {"subagent": {"model": {"preset": "small"}}}},
+        {"mode": "single_agent", "roles": {"subagent": {"model": {"preset": "small"}}}},
+        {"workflow": "deep_research_team", "roles": {"searcher": {"model": {"preset": "small"}}}},
+    ],
+)
+def test_the_warm_start_follows_the_sub_agents_preset(config):
+    ws = warmstart_config(JobConfig.model_validate(config))
+    assert ws.subagent_preset == "small" and ws.planner_preset == "tiny"
+    assert warmstart_config(JobConfig(mode=config.get("mode", "co_train"))).subagent_preset == "tiny-wide"

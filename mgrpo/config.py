@@ -225,6 +225,7 @@ class JobConfig(_Strict):
     workflow: str = Field(
         "deep_research",
         max_length=64,
+        examples=["deep_research", "deep_research_team", "marsrl", "openai_agents"],
         description="deep_research: planner → sub-agent (M-GRPO); deep_research_team: planner → searcher | comparer; marsrl: solver → verifier → corrector (MarsRL); or an installed plugin's workflow (entry point group mgrpo.workflows).",
     )
     mode: Literal["co_train", "main_only", "single_agent"] = Field(

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mgrpo.workflows import get_workflow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -88,7 +90,10 @@ def test_schema_shows_every_workflow():
     proc = mgrpo("schema")
     assert proc.returncode == 0, proc.stderr
     schema = json.loads(proc.stdout)
-    assert set(schema["properties"]["workflow"]["enum"]) == {"deep_research", "deep_research_team", "marsrl"}
+    # a string (plugins register more names); the built-ins are its examples, each a real workflow
+    listed = schema["properties"]["workflow"]["examples"]
+    assert set(listed) == {"deep_research", "deep_research_team", "marsrl", "openai_agents"}
+    assert all(get_workflow(name).name == name for name in listed)
     assert {e.get("workflow") for e in schema["examples"]} >= {"deep_research", "marsrl"}
     assert "roles" in schema["properties"] and "RoleConfig" in schema["$defs"]
 

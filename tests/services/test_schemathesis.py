@@ -5,9 +5,12 @@ jobs the fuzzer creates stay queued and nothing trains. A trainer's job routes a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
 from services.launcher import LocalCluster
@@ -15,6 +18,19 @@ from shared_store.embedded import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
 TOKEN = "fuzz-token"
+
+# POST /v1/datasets takes raw files: rows that may be valid, broken JSON lines, and arbitrary bytes
+_row = st.fixed_dictionaries(
+    {"query": st.text(max_size=40), "answer": st.text(max_size=20)},
+    optional={"split": st.sampled_from(["train", "test", ""]), "id": st.text(max_size=8)},
+)
+_jsonl = st.one_of(
+    st.lists(_row, max_size=5).map(lambda rows: "".join(json.dumps(r) + "\n" for r in rows).encode()),
+    st.lists(st.text(max_size=40), max_size=4).map(lambda lines: "\n".join(lines).encode()),
+    st.binary(max_size=200),
+)
+schemathesis.openapi.media_type("application/jsonl", _jsonl)
+schemathesis.openapi.media_type("application/vnd.apache.parquet", st.binary(max_size=200))
 
 
 @pytest.fixture(scope="module")

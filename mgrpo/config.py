@@ -116,7 +116,10 @@ class RoleConfig(_Strict):
     model: ModelSpec | None = Field(
         None, description="The role's model (default: the workflow's preset for it, warm-started)."
     )
-    optim: OptimConfig = Field(default_factory=OptimConfig)
+    optim: OptimConfig = Field(
+        default_factory=OptimConfig,
+        description="The role's update: learning rate, PPO clip, minibatches, staleness correction.",
+    )
     tools: list[ToolConfig] | None = Field(
         None,
         max_length=32,
@@ -236,7 +239,10 @@ class JobConfig(_Strict):
         default_factory=dict,
         description="Per role of the workflow (deep_research: planner, subagent; marsrl: solver, verifier, corrector): model, optim, share_model_with. Roles left out get the defaults.",
     )
-    marsrl: MarsRLConfig = Field(default_factory=MarsRLConfig)
+    marsrl: MarsRLConfig = Field(
+        default_factory=MarsRLConfig,
+        description="marsrl only: how each later agent's inputs are chosen and rewarded.",
+    )
     alignment: Literal["duplicate_drop", "none"] = Field(
         "duplicate_drop", description="Sub-agent trajectory alignment (SPEC §4)."
     )
@@ -255,7 +261,10 @@ class JobConfig(_Strict):
         None,
         description="Train on a user dataset's queries and reference answers (deep_research workflows); null: the built-in world's questions.",
     )
-    reward: RewardConfig = Field(default_factory=RewardConfig)
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig,
+        description="How the root's final answer is scored against the row's reference (deep_research workflows): a built-in rule or your HTTP endpoint.",
+    )
     program: ProgramConfig | None = Field(
         None, description="workflow openai_agents: the agent program whose runs are the rollouts."
     )

@@ -42,3 +42,18 @@ def test_the_two_role_fields_fold_into_roles():
 def test_a_role_the_workflow_lacks_is_an_error_naming_the_field(config, field):
     with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
         JobConfig.model_validate(config)
+
+
+def test_the_json_schema_documents_every_field():
+    """`mgrpo schema` / the OpenAPI document: every field of the job config and of every nested
+    model says what it is."""
+    schema = JobConfig.model_json_schema()
+    models = {"JobConfig": schema, **schema["$defs"]}
+    undocumented = [
+        f"{name}.{field}"
+        for name, model in models.items()
+        for field, prop in model.get("properties", {}).items()
+        if not prop.get("description")
+    ]
+    assert not undocumented
+    assert {"DatasetConfig", "RewardConfig", "ToolConfig", "ProgramConfig"} <= set(models)

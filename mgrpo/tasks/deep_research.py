@@ -12,6 +12,7 @@ asked for, 0 when not, NaN when the subtask is not in the language above (unscor
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -24,7 +25,7 @@ import bm25s
 
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.datasets import Row, parse
-from mgrpo.tasks.world import World, generate_world
+from mgrpo.tasks.world import Doc, World, generate_world
 
 STAGE1_KINDS = ("city", "year", "employer")
 STAGE2_KINDS = ("country", "org_city", "org_country", "earlier", "same_country")
@@ -221,6 +222,53 @@ def epoch_sample(pool: Sequence[Question], step: int, n: int, *, seed: str) -> l
     return out
 
 
+class Corpus:
+    """BM25 `search` and `open` over documents: the built-in world's, or a user's (the example HTTP
+    tool server, `examples/tool_server.py`, serves its own documents file through this)."""
+
+    def __init__(self, docs: Sequence[Doc], *, top_k: int = 3) -> None:
+        self.docs, self.top_k = list(docs), top_k
+        self.by_id = {d.doc_id: d for d in self.docs}
+        self._tokenizer = bm25s.tokenization.Tokenizer(stopwords=None, lower=True, splitter=r"(?u)\b\w+\b")
+        corpus_tokens = self._tokenizer.tokenize(
+            [f"{d.title} {d.text}" for d in self.docs], show_progress=False
+        )
+        self._index = bm25s.BM25()
+        self._index.index(corpus_tokens, show_progress=False)
+
+    def search(self, query: str) -> str:
+        """Top-k documents for a query: one '<id> <title>' line each."""
+        tokens = self._tokenizer.tokenize([query], update_vocab=False, show_progress=False)
+        if not tokens or not tokens[0] or all(t == 0 and len(tokens[0]) == 1 for t in tokens[0]):
+            return "no results"
+        k = min(self.top_k, len(self.docs))
+        ids, scores = self._index.retrieve(tokens, k=k, show_progress=False)
+        hits = [self.docs[int(i)] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+        return "\n".join(f"{d.doc_id} {d.title}" for d in hits) or "no results"
+
+    def open(self, doc_id: str) -> str:
+        doc = self.by_id.get(doc_id.strip())
+        return doc.text if doc else f"no document {doc_id.strip()!r}"
+
+
+def load_documents(path: str | Path) -> list[Doc]:
+    """A documents file: one JSON object a line with `id`, `text` and optionally `title`."""
+    docs = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            docs.append(Doc(str(row["id"]), str(row.get("title", "")), str(row["text"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{path}:{n}: each line needs a JSON object with 'id' and 'text' ({exc})"
+            ) from None
+    if not docs:
+        raise ValueError(f"{path}: no documents")
+    return docs
+
+
 class DeepResearchTask:
     """World + BM25 index + tools + scorers. `tools` (name → fn(argument) → text) and `scorers`
     ("correct": fn(answer, gold), "expert": fn(subtask, result)) are plain dicts a user can extend
@@ -228,13 +276,8 @@ class DeepResearchTask:
 
     def __init__(self, world: World | None = None, *, top_k: int = 3) -> None:
         self.world = world or generate_world()
-        self.top_k = top_k
-        self._tokenizer = bm25s.tokenization.Tokenizer(stopwords=None, lower=True, splitter=r"(?u)\b\w+\b")
-        corpus_tokens = self._tokenizer.tokenize(
-            [f"{d.title} {d.text}" for d in self.world.docs], show_progress=False
-        )
-        self._index = bm25s.BM25()
-        self._index.index(corpus_tokens, show_progress=False)
+        self.corpus = Corpus(self.world.docs, top_k=top_k)
+        self.search = self.corpus.search
         self.tools: dict[str, Callable[[str], str]] = {
             "search": self.search,
             "open": self.open,
@@ -242,17 +285,8 @@ class DeepResearchTask:
         }
         self.scorers: dict[str, Callable[[str, str], float]] = {"correct": self.correct, "expert": self.judge}
 
-    def search(self, query: str) -> str:
-        """Top-k documents for a query: one 'd<id> <title>' line each."""
-        tokens = self._tokenizer.tokenize([query], update_vocab=False, show_progress=False)
-        if not tokens or not tokens[0] or all(t == 0 and len(tokens[0]) == 1 for t in tokens[0]):
-            return "no results"
-        ids, scores = self._index.retrieve(tokens, k=self.top_k, show_progress=False)
-        hits = [self.world.docs[int(i)] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
-        return "\n".join(f"{d.doc_id} {d.title}" for d in hits) or "no results"
-
     def open(self, doc_id: str) -> str:
-        doc = self.world.doc_by_id(doc_id.strip())
+        doc = self.world.doc_by_id(doc_id.strip())  # "d012" is d12, as the warm starts learnt it
         return doc.text if doc else f"no document {doc_id.strip()!r}"
 
     def call_tool(self, name: str, argument: str) -> str:

@@ -5,9 +5,11 @@ import pytest
 
 from mgrpo.tasks.deep_research import (
     STAGE2_KINDS,
+    Corpus,
     DeepResearchTask,
     fact,
     gold_plan,
+    load_documents,
     load_jsonl,
     majority_answers,
     make_questions,
@@ -104,3 +106,20 @@ def test_bad_arguments(task):
         make_questions(task.world, "test", 1, 1)
     with pytest.raises(ValueError, match="at least"):
         generate_world(0, n_people=3)
+
+
+def test_a_corpus_of_your_documents(tmp_path):
+    """`Corpus` over a documents file (what examples/tool_server.py serves): BM25 search lines and
+    open by id; a bad line names its line number."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        '{"id": "a1", "title": "Mount Ovo", "text": "Mount Ovo is 3100 m high."}\n\n'
+        '{"id": "b2", "title": "Lake Ith", "text": "Lake Ith is 40 m deep."}\n'
+    )
+    corpus = Corpus(load_documents(docs))
+    assert corpus.search("how deep is lake ith").splitlines()[0] == "b2 Lake Ith"
+    assert corpus.open(" a1 ") == "Mount Ovo is 3100 m high." and corpus.open("zz").startswith("no document")
+    assert corpus.search("qqqq") == "no results"
+    docs.write_text('{"id": "a1", "text": "x"}\n{"title": "no id"}\n')
+    with pytest.raises(ValueError, match=r"docs.jsonl:2: .*'id' and 'text'"):
+        load_documents(docs)

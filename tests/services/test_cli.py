@@ -4,11 +4,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from mgrpo.config import JobConfig
+from mgrpo.runtime import job_task
 from mgrpo.workflows import get_workflow
+from services.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,15 +198,55 @@ def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
             httpx.get(f"http://127.0.0.1:{p}/healthz", timeout=2)
 
 
+@pytest.fixture
+def example_tool_server():
+    """examples/tool_server.py as the README starts it (uvicorn, a real process) on a free port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", "examples", "tool_server:app",
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/tool"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+            try:
+                httpx.post(url, json={"name": "open", "argument": "d0"}, timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_train_the_example_dataset_job(tmp_path):
-    """README "Train your own agents": `mgrpo train -c examples/dataset-job.yaml` from the repository
-    root (its relative file:// dataset), cut to one step and 4 held-out rows."""
+def test_train_the_example_job_with_its_tool_server(tmp_path, example_tool_server):
+    """README "Train your own agents": the example tool endpoint answers as the built-in tools do
+    over the same documents, and `mgrpo train -c examples/tools-job.yaml` from the repository root
+    (its relative file:// dataset, the sub-agent's search and open through that endpoint), cut to
+    one step and 4 held-out rows, trains with every tool call served."""
     import yaml
 
-    job = yaml.safe_load((ROOT / "examples" / "dataset-job.yaml").read_text())
+    task = job_task(JobConfig())
+    for name, argument in (
+        ("search", "Kir Naibram"),
+        ("open", "d0"),
+        ("search", "qqqq zzzz"),
+        ("open", "d99999"),
+    ):
+        r = httpx.post(example_tool_server, json={"name": name, "argument": argument}, timeout=10)
+        assert r.status_code == 200 and r.json() == {"result": task.tools[name](argument)}, (name, r.text)
+    assert httpx.post(example_tool_server, json={"name": "nope", "argument": ""}).status_code == 404
+
+    job = yaml.safe_load((ROOT / "examples" / "tools-job.yaml").read_text())
+    assert {t["url"] for t in job["roles"]["subagent"]["tools"]} == {
+        "http://127.0.0.1:9200/tool"
+    }  # the README's
+    for t in job["roles"]["subagent"]["tools"]:
+        t["url"] = example_tool_server
     job |= {"steps": 1, "prompts_per_step": 2, "rollouts_per_query": 4}
     job["dataset"]["eval_queries"] = 4
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -211,3 +256,4 @@ def test_train_the_example_dataset_job(tmp_path):
     assert "held-out success (4 rows of split test):" in proc.stdout and "succeeded" in proc.stdout
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert row["planner/reward_errors"] == 0 and "subagent/reward_mean" in row
+    assert row["subagent/tool_calls"] > 0 and row["subagent/tool_errors"] == 0, row

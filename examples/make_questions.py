@@ -23,5 +23,7 @@ out = Path(__file__).with_name("questions.jsonl")
 out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 print(f"{out}: {len(rows)} rows")
 docs = Path(__file__).with_name("documents.jsonl")
-docs.write_text("".join(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in world.docs))
+docs.write_text(
+    "".join(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in world.docs)
+)
 print(f"{docs}: {len(world.docs)} documents")

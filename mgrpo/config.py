@@ -6,6 +6,7 @@ pydantic's ValidationError naming the field path (the REST API turns it into a 4
 
 from __future__ import annotations
 
+import string
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -168,12 +169,18 @@ class DatasetConfig(_Strict):
     )
 
 
+DEFAULT_JUDGE_PROMPT = (
+    "Question: {query}\nReference answer: {reference}\nProposed answer: {answer}\n"
+    "Does the proposed answer mean the same as the reference answer? Reply yes or no."
+)
+
+
 class RewardConfig(_Strict):
     """How the root role's final answer is scored against a row's reference answer (`correct` of R_M)."""
 
-    kind: Literal["exact", "normalized", "numeric", "regex", "math", "http"] = Field(
+    kind: Literal["exact", "normalized", "numeric", "regex", "math", "http", "judge"] = Field(
         "normalized",
-        description="exact: string equality after strip; normalized: lower-case, no punctuation/articles; numeric: equal numbers (relative tolerance); regex: the reference is a regular expression the answer must fully match; math: math-verify equivalence; http: POST batches to `url`.",
+        description="exact: string equality after strip; normalized: lower-case, no punctuation/articles; numeric: equal numbers (relative tolerance); regex: the reference is a regular expression the answer must fully match; math: math-verify equivalence; http: POST batches to `url`; judge: an LLM the job serves grades each answer (`judge_path`).",
     )
     url: str | None = Field(
         None,
@@ -185,11 +192,33 @@ class RewardConfig(_Strict):
         2, ge=0, le=10, description="kind http: retries of a failed batch before its rewards count as errors."
     )
     numeric_rel_tol: float = Field(1e-6, ge=0, le=1, description="kind numeric: relative tolerance.")
+    judge_path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="kind judge: an HF causal-LM folder the root role's trainer loads (frozen) to grade answers; the reward is its p(yes) / (p(yes) + p(no)) for the first token of its reply to `judge_prompt`.",
+    )
+    judge_prompt: str = Field(
+        DEFAULT_JUDGE_PROMPT,
+        min_length=1,
+        max_length=4000,
+        description="kind judge: the question put to the judge (as the user turn, with a chat template), with {query}, {reference} and {answer} filled in.",
+    )
 
     @model_validator(mode="after")
     def _url_for_http(self) -> RewardConfig:
         if (self.kind == "http") != (self.url is not None):
             raise ValueError("give 'url' exactly when kind is 'http'")
+        if (self.kind == "judge") != (self.judge_path is not None):
+            raise ValueError("give 'judge_path' exactly when kind is 'judge'")
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(self.judge_prompt) if f is not None}
+        except ValueError as exc:
+            raise ValueError(f"judge_prompt: {exc} (write a literal brace as {{{{ or }}}})") from None
+        if "answer" not in fields or not fields <= {"query", "reference", "answer"}:
+            raise ValueError(
+                f"judge_prompt: use {{answer}} and optionally {{query}}, {{reference}}; got fields {sorted(fields)}"
+            )
         return self
 
 

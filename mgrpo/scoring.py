@@ -8,6 +8,9 @@ Built-ins (pure functions of `answer, reference`):
     regex       1 if the answer fully matches the reference read as a regular expression (case-insensitive)
     math        1 if `math-verify` finds the two expressions equivalent (LaTeX or plain)
 
+`http` posts each step's answers to the user's endpoint in one batch; `judge` asks an LLM the job
+loads (`mgrpo/judge.py`) and rewards its p(yes).
+
 A score outside [0, 1], NaN, or an HTTP batch that failed after its retries is *rejected*: it becomes
 NaN (unscorable), which the advantage step excludes from its group and gives advantage 0 (SPEC §5),
 so it is never trained on; `Scores.rejected` / `Scores.errors` count them and `Scores.messages` says
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import torch
 
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.config import RewardConfig
@@ -92,17 +96,25 @@ def builtin(cfg: RewardConfig) -> Callable[[str, str], float]:
 class Scorer:
     """Scores one step's answers in one call (one batched request for `kind: http`)."""
 
-    def __init__(self, cfg: RewardConfig, *, token: str = "") -> None:
+    def __init__(self, cfg: RewardConfig, *, token: str = "", device: torch.device | str = "cpu") -> None:
         self.cfg = cfg
-        self.rule = None if cfg.kind == "http" else builtin(cfg)
+        self.rule = None if cfg.kind in ("http", "judge") else builtin(cfg)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(timeout=cfg.timeout_s, headers=headers) if cfg.kind == "http" else None
+        self.judge = None
+        if cfg.kind == "judge":
+            from mgrpo.judge import Judge  # loads a model: only for jobs that use one
+
+            assert cfg.judge_path is not None
+            self.judge = Judge(cfg.judge_path, cfg.judge_prompt, device=device)
 
     def __call__(self, items: Sequence[Item]) -> Scores:
         if not items:
             return Scores([])
         if self.rule is not None:
             return _checked([self.rule(i.answer, i.reference) for i in items], self.cfg.kind)
+        if self.judge is not None:
+            return _checked(self.judge(items), f"the judge {self.cfg.judge_path}")
         return self._http(items)
 
     def _http(self, items: Sequence[Item]) -> Scores:

@@ -61,7 +61,7 @@ class PlannerJob(RootJob):
         self.single = cfg.mode == "single_agent"
         self.task = job_task(cfg)
         self.pool, self.held_out = self._dataset()
-        self.scorer = Scorer(cfg.reward)
+        self.scorer = Scorer(cfg.reward, device=device)
         self.tools = ToolBox(cfg.tools_of("planner") if self.single else [], self.task.tools)
         last = store.ledger.last_step(job_id, "planner")
         self.m = RoleModel(cfg, "planner", cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,

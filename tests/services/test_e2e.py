@@ -194,16 +194,23 @@ def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
 
 
-def test_a_sub_agent_on_a_chat_model(cluster, store, warm, tmp_path):
+def test_a_sub_agent_on_a_chat_model_and_a_judge_reward(cluster, store, warm, tmp_path):
     """The sub-agent on a random tiny chat model given by path (a Qwen2.5-style template, Hermes tool
-    calls), the planner warm-started: the job succeeds, both roles train, and every recorded
-    episode starts with the template's prompt and the role's tool schemas."""
+    calls), the planner warm-started and rewarded by a judge (another random chat model the planner's
+    trainer loads): the job succeeds, both roles train, the rewards are the judge's probabilities,
+    and every recorded episode starts with the template's prompt and the role's tool schemas."""
     path = chat_model_folder(tmp_path / "chat", TEMPLATES["qwen2.5"], seed=1, eos_logit=10)
-    job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "roles": {**SMALL["roles"], "subagent": {
+    judge = chat_model_folder(tmp_path / "judge", TEMPLATES["qwen3"], seed=7)
+    job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "reward": {"kind": "judge", "judge_path": str(judge)},
+                              "roles": {**SMALL["roles"], "subagent": {
         "model": {"path": str(path), "max_new_tokens_per_turn": 48, "max_context_tokens": 1024},
         "optim": {"lr": 1e-3}, "tools": [{"name": "search"}, {"name": "open"}, {"name": "calculator"}]}}})  # fmt: skip
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
+    planner = job["latest_metrics"]["planner"]
+    assert planner["planner/reward_rejected"] == planner["planner/reward_errors"] == 0
+    n = 4 * SMALL["rollouts_per_query"]  # a judge's p(yes) is no multiple of 1/n, as 0/1 scores would be
+    assert 0 < planner["planner/success"] < 1 and abs(planner["planner/success"] * n % 1 - 0.5) < 0.5 - 1e-6
     for role, start in (("planner", warm.planner_path), ("subagent", path)):
         before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"

@@ -15,14 +15,21 @@ from mgrpo.workflows import Workflow, get_workflow
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN / Infinity: a 422, never trained on
 
 
 class ModelSpec(_Strict):
     """One agent's model: a warm-started preset (default) or any HF causal LM folder / name."""
 
-    preset: str | None = Field(None, description="Tiny preset to warm-start: 'tiny', 'tiny-wide' or 'small'.")
-    path: str | None = Field(None, description="Load this HF folder or name with from_pretrained instead.")
+    preset: str | None = Field(
+        None, max_length=32, description="Tiny preset to warm-start: 'tiny', 'tiny-wide' or 'small'."
+    )
+    path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="Load this HF folder or name with from_pretrained instead.",
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of rollouts.")
     max_new_tokens_per_turn: int = Field(48, ge=1, le=4096, description="Generation budget of one turn.")
     max_context_tokens: int = Field(512, ge=16, le=65536, description="Context budget of one episode.")
@@ -40,6 +47,14 @@ class ModelSpec(_Strict):
     def _one_source(self) -> ModelSpec:
         if (self.preset is None) == (self.path is None):
             raise ValueError("give exactly one of 'preset' or 'path'")
+        from mgrpo.models import (
+            PRESETS,  # torch-heavy: imported when a config is checked, not with this module
+        )
+
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(
+                f"unknown preset {self.preset!r}; presets: {', '.join(PRESETS)} (or give a 'path')"
+            )
         return self
 
 
@@ -386,7 +401,7 @@ class JobConfig(_Strict):
                 "program: give it exactly when the workflow is openai_agents (the program is its rollout)"
             )
         if self.engine == "openai_agents":
-            missing = [r for r in wf.role_names if self.model_of(r).path is None]
+            missing = [r for r in wf.role_names if (m := self.role(r).model) is None or m.path is None]
             if missing or self.mode != "co_train":
                 raise ValueError(
                     f"roles.{(missing or ['planner'])[0]}.model: the openai_agents workflow serves chat models: give every role's model.path (a folder with a chat template), mode co_train"

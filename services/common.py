@@ -3,12 +3,14 @@ and error handlers that turn known errors into 4xx responses with an actionable 
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -113,6 +115,33 @@ class _TrainingMetrics(Collector):
         yield gauge
 
 
+def _safe(value: Any, depth: int = 0) -> Any:
+    """A value as JSON can hold it, and short: non-finite floats as text, long strings cut."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        return value if len(value) <= 200 else f"{value[:200]}… ({len(value):,} characters)"
+    if isinstance(value, dict) and depth < 4:
+        return {str(k)[:100]: _safe(v, depth + 1) for k, v in list(value.items())[:50]}
+    if isinstance(value, list | tuple) and depth < 4:
+        return [_safe(v, depth + 1) for v in value[:50]]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _safe(repr(value))
+
+
+def safe_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validation errors for a 422: where, what and why; the offending input echoed only in short
+    (a NaN in the body made FastAPI's own 422 fail to serialise: a 500)."""
+    out = []
+    for e in errors:
+        item = {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        if "input" in e:
+            item["input"] = _safe(e["input"])
+        out.append(item)
+    return out
+
+
 def install_common(app: FastAPI, role: str) -> None:
     """/healthz, /readyz, /metrics and the error handlers."""
     registry = CollectorRegistry()
@@ -149,6 +178,10 @@ def install_common(app: FastAPI, role: str) -> None:
     @app.exception_handler(StoreUnavailableError)
     async def unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": safe_errors(exc.errors())}, status_code=422)
 
     @app.exception_handler(SchemaVersionError)
     @app.exception_handler(PayloadError)

@@ -153,11 +153,19 @@ def _unprocessable(loc: tuple[str, ...], msg: str) -> NoReturn:
 def create_job(
     config: JobConfig,
     store: StoreDep,
+    settings: SettingsDep,
     job_id: Annotated[
         str | None,
         Query(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="Idempotency: reuse to get the same job."),
     ] = None,
 ) -> JobView:
+    if job_id is not None and not job_id.strip("."):
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["query", "job_id"], "type": "value_error",
+                            "msg": "a job id of only dots would name a folder above the checkpoints"}])  # fmt: skip
+    size = config.steps * config.prompts_per_step * config.rollouts_per_query
+    if size > settings.max_job_rollouts:
+        _unprocessable(("steps",), f"steps × prompts_per_step × rollouts_per_query = {size:,} rollouts, over this "
+                                   f"service's limit of {settings.max_job_rollouts:,} (MGRPO_MAX_JOB_ROLLOUTS)")  # fmt: skip
     _check_dataset(store, config)
     record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=config.trainer_roles)
     return job_view(store, record)

@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     max_dataset_bytes: int = Field(
         64 * 1024 * 1024, ge=1, description="Largest dataset file POST /v1/datasets takes (413 beyond it)."
     )
+    max_job_rollouts: int = Field(
+        2_000_000,
+        ge=1,
+        description="Largest job POST /v1/jobs takes: steps × prompts_per_step × rollouts_per_query (422 beyond it).",
+    )
 
     def callee_url(self, role: str) -> str | None:
         return self.role_urls.get(role) or (self.subagent_url if role == "subagent" else None)

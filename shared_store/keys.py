@@ -28,9 +28,12 @@ _ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 
 def check_id(kind: str, value: str) -> str:
-    """Ids become parts of keys: letters, digits, '_', '.', '-' only, 1-128 characters."""
-    if not isinstance(value, str) or not _ID.match(value):
-        raise ValueError(f"{kind} {value!r} is invalid: use 1-128 letters, digits, '_', '.' or '-'")
+    """Ids become parts of keys and folder names: letters, digits, '_', '.', '-' only, 1-128
+    characters, not only dots."""
+    if not isinstance(value, str) or not _ID.match(value) or not value.strip("."):
+        raise ValueError(
+            f"{kind} {value[:40] if isinstance(value, str) else value!r} is invalid: use 1-128 letters, digits, '_', '.' or '-', not only dots"
+        )
     return value
 
 

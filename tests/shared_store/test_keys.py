@@ -22,3 +22,10 @@ def test_bad_ids_and_names_are_refused():
     with pytest.raises(ValueError, match="role"):
         keys.batch_stream("../x")
     assert keys.dispatch("verifier").endswith(":dispatch:verifier")  # roles are data
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "...", "a/b", "x" * 129])
+def test_ids_that_would_escape_a_folder_are_refused(bad):
+    with pytest.raises(ValueError, match="invalid"):
+        keys.check_id("job id", bad)
+    assert keys.check_id("job id", "a..b") == "a..b"

@@ -1,5 +1,7 @@
-"""The job worker of a trainer service: a thread that takes jobs from the role's dispatch stream
-and runs them one at a time, moving the job's status (running → succeeded / failed / cancelled).
+"""The job worker of a trainer service: a thread that takes jobs from the dispatch stream (one
+stream for all roles, read in a consumer group per role, so the roles of two jobs submitted at once
+run them in the same order) and runs its role's jobs one at a time, moving the job's status
+(running → succeeded / failed / cancelled).
 
 The dispatch entry is acknowledged only when the job is finished, so a service killed mid-job finds
 the entry in its own pending list when it restarts (same `MGRPO_CONSUMER_NAME`) and resumes it.
@@ -34,7 +36,7 @@ class JobWorker:
     ) -> None:
         """`run_job(job_id, config)` runs the job to its end; True means this role declares success."""
         self.store, self.role, self.run_job = store, role, run_job
-        self.consumer = StreamConsumer(store.client, keys.dispatch(role), role, consumer_name, JobDispatch,
+        self.consumer = StreamConsumer(store.client, keys.dispatch(), role, consumer_name, JobDispatch,
                                        min_idle_ms=DISPATCH_IDLE_MS)  # fmt: skip
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"{role}-worker", daemon=True)
@@ -48,7 +50,8 @@ class JobWorker:
             for d in self.consumer.read(
                 count=1, block_ms=500
             ):  # own pending entries first: resume after a restart
-                self._handle(d.message.job_id)
+                if self.role in d.message.roles:  # every role reads every job, in one order
+                    self._handle(d.message.job_id)
                 self.consumer.ack(d.entry_id)
 
     def _handle(self, job_id: str) -> None:

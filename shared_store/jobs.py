@@ -27,6 +27,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cancelled": frozenset(),
 }
 DISPATCH_MAXLEN = 10_000
+DISPATCH_LOCK_MS = 30_000  # a create that crashed mid-dispatch blocks a retry this long
 
 # KEYS[1] job hash; ARGV: new status, reason, now, allowed-from list (space separated)
 _TRANSITION = """
@@ -90,14 +91,22 @@ class JobRegistry:
         return record, created
 
     def _dispatch(self, job_id: str, created_at: float, roles: tuple[keys.Role, ...]) -> None:
-        """Index and dispatch once; a create retried after a crash finishes what was left undone."""
+        """Index and dispatch once, in one stream entry for every role. Concurrent creates of one id
+        dispatch once (the one holding the lock does it); a create retried after a crash finishes
+        what was left undone once the crashed call's lock has expired."""
         if self.r.hget(keys.job(job_id), "dispatched") == b"1":
             return
-        self.r.zadd(keys.jobs_index(), {job_id: created_at})
-        for role in roles:
-            msg = JobDispatch(job_id=job_id, role=role)
-            self.r.xadd(keys.dispatch(role), {"data": encode(msg)}, maxlen=DISPATCH_MAXLEN, approximate=True)
-        self.r.hset(keys.job(job_id), "dispatched", 1)
+        if not self.r.set(keys.dispatch_lock(job_id), "1", nx=True, px=DISPATCH_LOCK_MS):
+            return  # another create of this id is dispatching it
+        try:
+            if self.r.hget(keys.job(job_id), "dispatched") == b"1":
+                return
+            self.r.zadd(keys.jobs_index(), {job_id: created_at})
+            msg = JobDispatch(job_id=job_id, roles=list(roles))
+            self.r.xadd(keys.dispatch(), {"data": encode(msg)}, maxlen=DISPATCH_MAXLEN, approximate=True)
+            self.r.hset(keys.job(job_id), "dispatched", 1)
+        finally:
+            self.r.delete(keys.dispatch_lock(job_id))
 
     def get(self, job_id: str) -> JobRecord:
         raw = self.r.hgetall(keys.job(job_id))

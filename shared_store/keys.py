@@ -70,9 +70,15 @@ def jobs_index() -> str:
     return f"{PREFIX}:jobs"
 
 
-def dispatch(role: Role) -> str:
-    """STREAM of JobDispatch messages for one trainer role."""
-    return f"{PREFIX}:dispatch:{check_role(role)}"
+def dispatch() -> str:
+    """STREAM of JobDispatch messages, one per job for all its trainer roles (each role reads it in a
+    consumer group of its own), so every role meets the jobs in the same order."""
+    return f"{PREFIX}:dispatch"
+
+
+def dispatch_lock(job_id: str) -> str:
+    """STRING held (SET NX PX) while one create call dispatches the job."""
+    return f"{_job(job_id)}:dispatch_lock"
 
 
 def datasets_index() -> str:

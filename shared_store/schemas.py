@@ -75,14 +75,15 @@ class JobRecord(WireModel):
 
 
 class JobDispatch(WireModel):
-    """'Start this job' for one trainer role (global dispatch stream of that role)."""
+    """'Start this job' for the trainer roles it names (one global dispatch stream: every role meets
+    the jobs in one order, so two roles never run different jobs waiting on each other)."""
 
     job_id: str
-    role: RoleName
+    roles: list[RoleName] = Field(min_length=1, max_length=64)
 
     @classmethod
     def identity(cls, data: dict[str, Any]) -> str:
-        return f"dispatch:{data.get('job_id', '')}:{data.get('role', '')}"
+        return f"dispatch:{data.get('job_id', '')}"
 
 
 class DatasetInfo(WireModel):

@@ -18,13 +18,33 @@ def test_create_is_idempotent_by_id(store, job_id):
     assert store.jobs.get(job_id).config == {"steps": 2}  # nothing overwritten
 
 
-def test_create_dispatches_once_to_each_role(store, job_id):
+def dispatched(store, job_id):
+    return [
+        m
+        for _, f in store.client.xrange(keys.dispatch())
+        if (m := decode(JobDispatch, f[b"data"])).job_id == job_id
+    ]
+
+
+def test_create_dispatches_once_to_all_roles(store, job_id):
     store.jobs.create({"x": 1}, job_id)
     store.jobs.create({"x": 1}, job_id)
-    for role in keys.ROLES:
-        entries = store.client.xrange(keys.dispatch(role))
-        mine = [decode(JobDispatch, f[b"data"]) for _, f in entries]
-        assert [m.role for m in mine if m.job_id == job_id] == [role]
+    assert [m.roles for m in dispatched(store, job_id)] == [list(keys.ROLES)]
+
+
+def test_concurrent_creates_of_one_id_dispatch_once(store, job_id):
+    barrier = threading.Barrier(16)
+
+    def create():
+        barrier.wait()
+        store.jobs.create({"x": 2}, job_id, roles=("solver", "verifier"))
+
+    threads = [threading.Thread(target=create) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [m.roles for m in dispatched(store, job_id)] == [["solver", "verifier"]]
 
 
 def test_generated_id_and_listing(store):

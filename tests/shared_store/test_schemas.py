@@ -28,7 +28,7 @@ from shared_store.schemas import (
 J = "job-a"
 MESSAGES = [
     JobRecord(job_id=J, status="queued", config={"k": 8}, created_at=1.0, updated_at=2.0, roles=["solver", "verifier"]),
-    JobDispatch(job_id=J, role="subagent"),
+    JobDispatch(job_id=J, roles=["planner", "subagent"]),
     PlannerStepStats(
         job_id=J, step=3, policy_version=3,
         queries=[QueryStats(query_id="q1", reward_mean=0.5, reward_std=0.1, rollouts=[
@@ -84,8 +84,8 @@ def test_unknown_fields_are_rejected():
 
 def test_role_names_are_checked():
     with pytest.raises(PayloadError, match="role"):
-        decode(JobDispatch, json.dumps({"schema_version": 1, "job_id": J, "role": "Bad Role"}))
-    assert JobDispatch(job_id=J, role="corrector").role == "corrector"  # any workflow's role name
+        decode(JobDispatch, json.dumps({"schema_version": 1, "job_id": J, "roles": ["Bad Role"]}))
+    assert JobDispatch(job_id=J, roles=["corrector"]).roles == ["corrector"]  # any workflow's role name
 
 
 def test_episode_id_and_id_validation():

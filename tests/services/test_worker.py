@@ -1,0 +1,74 @@
+"""The trainers' job workers on one real Redis: two roles take jobs submitted at once from the one
+dispatch stream and run them in the same order (per-role streams let concurrent submissions reach
+the roles in different orders: each ran a different job, waiting on the other's partner)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mgrpo.config import JobConfig
+from services.worker import JobWorker
+from shared_store import Store
+from shared_store.embedded import RedisServer
+from shared_store.schemas import TERMINAL
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def store(tmp_path):
+    server = RedisServer(tmp_path / "redis")  # its own: the dispatch stream is global
+    server.start()
+    try:
+        yield Store.connect(server.url)
+    finally:
+        server.stop()
+
+
+def test_two_roles_run_concurrent_submissions_in_one_order(store):
+    seen: dict[str, list[str]] = {"planner": [], "subagent": []}
+    ids = [f"job-{i}" for i in range(24)]
+    barrier = threading.Barrier(len(ids) + 1)
+
+    def create(jid, roles=("planner", "subagent")):
+        barrier.wait()
+        store.jobs.create(JobConfig().model_dump(mode="json"), jid, roles=roles)
+
+    threads = [threading.Thread(target=create, args=(jid,)) for jid in ids]
+    threads.append(threading.Thread(target=create, args=("marsrl-job", ("solver", "verifier"))))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    arrived = threading.Condition()
+
+    def run(role, jid, _cfg):
+        """A stand-in trainer: like the real ones, each role waits for its partner on the same job
+        (here 5 s, then the job fails as a partner timeout would); the root declares success."""
+        with arrived:
+            seen[role].append(jid)
+            arrived.notify_all()
+            if not arrived.wait_for(lambda: all(jid in v for v in seen.values()), timeout=5):
+                raise TimeoutError(f"{role}: the partner never started {jid}")
+        return role == "planner"
+
+    workers = [
+        JobWorker(store, role, f"{role}-0", lambda jid, cfg, r=role: run(r, jid, cfg)) for role in seen
+    ]
+    for w in workers:
+        w.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not all(store.jobs.get(j).status in TERMINAL for j in ids):
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+    finally:
+        for w in workers:
+            w.stop.set()
+            w.thread.join(5)
+    assert seen["planner"] == seen["subagent"] and sorted(seen["planner"]) == sorted(ids)
+    assert [store.jobs.get(j).reason for j in ids if store.jobs.get(j).status != "succeeded"] == []
+    assert store.jobs.get("marsrl-job").status == "queued"  # neither role runs a job not theirs

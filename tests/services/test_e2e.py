@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -288,6 +289,19 @@ def test_auth_validation_and_missing_jobs(cluster, store):
     )  # was a 500 (schemathesis)
     assert httpx.post(f"{url}/v1/jobs/no-such-job/cancel", headers=H).status_code == 404
     assert httpx.post(f"{cluster.url('subagent')}/v1/episodes", json={}).status_code == 401
+
+
+def test_concurrent_submissions_all_succeed(cluster):
+    """Six distinct jobs submitted at once: both trainers take them in one order (one dispatch
+    stream), so none waits on a partner running another job (with a dispatch per role, two
+    interleaved submissions could reach the planner and the sub-agent in different orders)."""
+    configs = [
+        {**SMALL, "steps": 1, "prompts_per_step": 1, "rollouts_per_query": 2, "run_seed": i} for i in range(6)
+    ]
+    with ThreadPoolExecutor(len(configs)) as pool:
+        ids = list(pool.map(lambda c: submit(cluster, c), configs))
+    jobs = [wait(cluster, job_id, timeout_s=300) for job_id in ids]
+    assert [(j["status"], j["reason"]) for j in jobs] == [("succeeded", "")] * len(ids)
 
 
 def test_cancel_stops_within_a_step(cluster, store):

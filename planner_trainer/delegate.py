@@ -4,17 +4,19 @@ The sub-agent answers with a `Server-Timing` header (its handler time and its Re
 client records, per delegation, the time spent in exchange (HTTP + Redis) rather than in the model.
 Retries with backoff while the sub-agent service is down or still loading the job, up to the job's
 `partner_timeout_s`; then `PartnerError` names the partner, so the job fails with a clear reason
-instead of hanging.
+instead of hanging. A cancel of the job ends the retries within half a second.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from mgrpo.agents.agents import Delegation
+from shared_store.jobs import JobCancelled
 
 
 def server_timing(header: str) -> dict[str, float]:
@@ -37,9 +39,11 @@ class PartnerError(RuntimeError):
 
 
 class SubagentClient:
-    def __init__(self, base_url: str, token: str, *, timeout_s: float, role: str = "subagent") -> None:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float, role: str = "subagent",
+                 cancelled: Callable[[], bool] | None = None) -> None:  # fmt: skip
+        """`cancelled()`: checked before every retry; True ends the wait with `JobCancelled`."""
         self.base_url, self.role = base_url.rstrip("/"), role
-        self.timeout_s = timeout_s
+        self.timeout_s, self.cancelled = timeout_s, cancelled
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))  # fmt: skip
@@ -67,8 +71,10 @@ class SubagentClient:
                 last = f"{resp.status_code} {resp.text[:200]}"
             except httpx.HTTPError as exc:
                 last = str(exc) or type(exc).__name__
+            if self.cancelled is not None and self.cancelled():
+                raise JobCancelled()
             time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, 0.5)
         raise PartnerError(
             f"the {self.role} service at {self.base_url} did not answer within {self.timeout_s:.0f} s ({last})"
         )

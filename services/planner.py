@@ -44,7 +44,7 @@ class PlannerRuntime:
             raise ValueError(
                 f"this service serves role {ROLE!r}, but the job's root role is {root!r}; start it with --role {root}"
             )
-        clients = {r: self._client(r, cfg) for r in cfg.callee_trainers}
+        clients = {r: self._client(r, cfg, job_id) for r in cfg.callee_trainers}
         common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
                                       device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
         custom = get_workflow(cfg.workflow).root_job  # a plugin's own root job class
@@ -63,13 +63,14 @@ class PlannerRuntime:
             for c in clients.values():
                 c.close()
 
-    def _client(self, role: str, cfg: JobConfig) -> SubagentClient:
+    def _client(self, role: str, cfg: JobConfig, job_id: str) -> SubagentClient:
         url = self.settings.callee_url(role)
         if url is None:
             raise ValueError(
                 f'no URL for the {role} service: set MGRPO_ROLE_URLS=\'{{"{role}": "http://…"}}\''
             )
-        return SubagentClient(url, self.settings.api_token, timeout_s=cfg.partner_timeout_s, role=role)
+        return SubagentClient(url, self.settings.api_token, timeout_s=cfg.partner_timeout_s, role=role,
+                              cancelled=lambda: self.store.jobs.cancel_requested(job_id))  # fmt: skip
 
 
 lifespan = trainer_lifespan(ROLE, PlannerRuntime, threads=256)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
+import redis
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -20,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.settings import Settings, get_settings
 from shared_store import Store, keys
-from shared_store.connection import StoreUnavailableError
+from shared_store.connection import StoreUnavailableError, ping_now
 from shared_store.jobs import JobConflictError, JobNotFoundError
 from shared_store.schemas import MetricsEvent, PayloadError, SchemaVersionError, decode
 
@@ -151,21 +152,39 @@ def install_common(app: FastAPI, role: str) -> None:
 
     app.add_middleware(_CountRequests, counter=requests, role=role)
 
+    def worker_down(request: Request) -> str | None:
+        worker = getattr(request.app.state, "worker", None)  # trainers that run a job worker
+        if worker is not None and worker.started and not worker.thread.is_alive():
+            return f"the {role} job worker stopped; restart the service"
+        return None
+
     @app.get("/healthz", tags=["ops"])
-    def healthz() -> dict[str, str]:
+    def healthz(request: Request) -> dict[str, str]:
+        """Liveness: the process serves and its job worker (if any) runs."""
+        if (down := worker_down(request)) is not None:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, down)
         return {"status": "ok", "role": role}
 
     @app.get("/readyz", tags=["ops"])
-    def readyz(store: StoreDep) -> dict[str, str]:
+    def readyz(request: Request, store: StoreDep) -> dict[str, str]:
+        """Readiness: Redis answers a PING within a second (no retries), and the worker runs."""
         try:
-            store.client.ping()
-        except Exception as exc:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"Redis not reachable: {exc}") from exc
+            ping_now(store.client, timeout_s=1.0)
+        except StoreUnavailableError as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc), {"Retry-After": "5"}) from exc
+        if (down := worker_down(request)) is not None:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, down)
         return {"status": "ready", "role": role}
 
     @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    _install_error_handlers(app)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Known errors as 4xx / 503 with a message that says what to do."""
 
     @app.exception_handler(JobNotFoundError)
     async def not_found(_: Request, exc: JobNotFoundError) -> JSONResponse:
@@ -176,8 +195,12 @@ def install_common(app: FastAPI, role: str) -> None:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(StoreUnavailableError)
-    async def unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503)
+    @app.exception_handler(redis.ConnectionError)
+    @app.exception_handler(redis.TimeoutError)
+    async def unavailable(_: Request, exc: Exception) -> JSONResponse:
+        """Redis away past the client's retries: a 503 to retry, never a 500."""
+        return JSONResponse({"detail": f"the store (Redis) is unreachable: {exc}; retry shortly"}, status_code=503,
+                            headers={"Retry-After": "5"})  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

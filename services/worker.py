@@ -17,16 +17,19 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
+import redis
 from fastapi import FastAPI
 
 from mgrpo.config import JobConfig
 from services.settings import get_settings
 from shared_store import Store, keys
+from shared_store.connection import StoreUnavailableError
 from shared_store.jobs import JobCancelled, JobConflictError
 from shared_store.schemas import TERMINAL, JobDispatch
 from shared_store.streams import StreamConsumer
 
 log = logging.getLogger("mgrpo.worker")
+STORE_DOWN = (redis.ConnectionError, redis.TimeoutError, StoreUnavailableError)
 DISPATCH_IDLE_MS = 6 * 3600 * 1000  # another replica takes over a dispatch only after 6 h of silence
 
 
@@ -41,18 +44,28 @@ class JobWorker:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"{role}-worker", daemon=True)
         self.current: str | None = None
+        self.started = False
 
     def start(self) -> None:
+        self.started = True
         self.thread.start()
 
     def _loop(self) -> None:
+        backoff = 0.5
         while not self.stop.is_set():
-            for d in self.consumer.read(
-                count=1, block_ms=500
-            ):  # own pending entries first: resume after a restart
-                if self.role in d.message.roles:  # every role reads every job, in one order
-                    self._handle(d.message.job_id)
-                self.consumer.ack(d.entry_id)
+            try:
+                for d in self.consumer.read(
+                    count=1, block_ms=500
+                ):  # own pending first: resume after a restart
+                    if self.role in d.message.roles:  # every role reads every job, in one order
+                        self._handle(d.message.job_id)
+                    self.consumer.ack(d.entry_id)
+                backoff = 0.5
+            except STORE_DOWN as exc:  # Redis away past the client's retries: wait for it, never die
+                log.warning("the %s worker lost the store (%s); retrying in %.0f s", self.role, exc, backoff)
+                self.consumer.resume_own()  # the entry being handled, if any, is still ours
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     def _handle(self, job_id: str) -> None:
         jobs = self.store.jobs
@@ -73,8 +86,21 @@ class JobWorker:
             self.current = None
 
     def _finish(self, job_id: str, status: str, reason: str) -> None:
-        with contextlib.suppress(JobConflictError):  # already finished by the partner or the controller
-            self.store.jobs.transition(job_id, status, reason)  # type: ignore[arg-type]
+        """Record the job's end, waiting out a store outage (the reason is kept for when it returns)."""
+        delay = 0.5
+        while True:
+            try:
+                with contextlib.suppress(
+                    JobConflictError
+                ):  # already finished by the partner or the controller
+                    self.store.jobs.transition(job_id, status, reason)  # type: ignore[arg-type]
+                return
+            except STORE_DOWN as exc:
+                if self.stop.is_set():
+                    return
+                log.warning("cannot mark job %s %s yet (%s); retrying in %.0f s", job_id, status, exc, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 30.0)
 
 
 def service_role(kind: str) -> str:
@@ -95,7 +121,7 @@ def trainer_lifespan(
         app.state.store = store
         app.state.runtime = runtime = make_runtime(store)
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
-        worker = JobWorker(store, role, settings.consumer_name, runtime.run_job)
+        worker = app.state.worker = JobWorker(store, role, settings.consumer_name, runtime.run_job)
         if settings.run_worker:
             worker.start()
         yield

@@ -91,3 +91,20 @@ def wait_ready(url: str, wait_s: float) -> None:
                 ) from exc
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+def ping_now(client: redis.Redis, timeout_s: float = 1.0) -> None:
+    """PING on a fresh connection with no retries (readiness probes): returns, or raises
+    `StoreUnavailableError` within about `timeout_s`, however long the client's own retries last."""
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "socket_connect_timeout": timeout_s, "socket_timeout": timeout_s,
+              "retry": Retry(NoBackoff(), 0), "retry_on_error": []}  # fmt: skip
+    conn = pool.connection_class(**kwargs)
+    try:
+        conn.connect()
+        conn.send_command("PING")
+        conn.read_response()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise StoreUnavailableError(f"Redis not reachable: {exc}") from exc
+    finally:
+        conn.disconnect()

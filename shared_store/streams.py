@@ -123,6 +123,11 @@ class StreamConsumer(Generic[M]):
         self._own_checked = False
         self.ensure_group()
 
+    def resume_own(self) -> None:
+        """Read this consumer's own unacknowledged entries again on the next `read` (after a store
+        outage broke off the handling of one)."""
+        self._own_checked = False
+
     def ensure_group(self, start_id: str = "0") -> None:
         try:
             self.r.xgroup_create(self.key, self.group, id=start_id, mkstream=True)

@@ -129,14 +129,12 @@ def test_a_job_must_name_a_dataset_and_splits_that_exist(api, tmp_path):
         assert r.status_code == 422, r.text
         (err,) = r.json()["detail"]
         assert err["loc"] == loc and says in err["msg"], err
-    bad_reward = api.post(
-        "/v1/jobs", json={"dataset": {"source": ds}, "reward": {"kind": "judge"}}, headers=H
-    )
-    assert bad_reward.status_code == 422 and bad_reward.json()["detail"][0]["loc"][:3] == [
-        "body",
-        "reward",
-        "kind",
-    ]
+    for reward, loc, says in (({"kind": "oracle"}, ["body", "reward", "kind"], "'judge'"),
+                              ({"kind": "judge"}, ["body", "reward"], "judge_path")):  # fmt: skip
+        bad_reward = api.post("/v1/jobs", json={"dataset": {"source": ds}, "reward": reward}, headers=H)
+        assert bad_reward.status_code == 422, bad_reward.text
+        (err,) = bad_reward.json()["detail"]
+        assert err["loc"] == loc and says in err["msg"], err
     for source in (ds, f"file://{path}"):
         ok = api.post("/v1/jobs", json={"dataset": {"source": source}, "steps": 1}, headers=H)
         assert ok.status_code == 201 and ok.json()["config"]["dataset"]["source"] == source

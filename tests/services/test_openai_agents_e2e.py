@@ -30,10 +30,12 @@ ROLES = ("planner", "searcher", "comparer")
 
 
 class ShortAnswers(RewardServer):
-    """The user's reward: 1 for an answer of at most three words (random models vary on it)."""
+    """The user's reward: the shorter the answer, the higher, 1 / (1 + characters). Continuous, so
+    a random model's sampled answers of one query never all score alike (a 0/1 rule for "at most
+    three words" scored every run of a CI job 0: no gradient, no role moved)."""
 
     def score(self, answer: str, reference: str) -> float:
-        return float(len(answer.split()) <= 3)
+        return 1.0 / (1.0 + len(answer))
 
 
 @pytest.fixture(scope="module")

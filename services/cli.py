@@ -280,6 +280,27 @@ def status(
 
 
 @app.command()
+def resume(
+    job_id: Annotated[str, typer.Argument(help="A failed or cancelled job's id.")],
+    controller: ControllerOpt = "http://127.0.0.1:8000",
+    api_token: TokenOpt = "",
+) -> None:
+    """Run a failed or cancelled job on from its last finished step."""
+    import httpx
+
+    try:
+        with _client(controller, api_token) as http:
+            resp = http.post(f"/v1/jobs/{job_id}/resume")
+    except httpx.HTTPError as exc:
+        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
+    if resp.status_code != 200:
+        raise fail(
+            f"the controller did not resume {job_id} ({resp.status_code}): {resp.json().get('detail', resp.text)}"
+        )
+    console.print(f"job [bold]{job_id}[/] {resp.json()['status']}")
+
+
+@app.command()
 def train(
     config: Annotated[Path, typer.Option("--config", "-c", help="Job config (YAML or JSON).")],
     run_dir: Annotated[Path | None, typer.Option(help="Run folder (default runs/train-<time>).")] = None,

@@ -191,6 +191,12 @@ def cancel_job(job_id: str, store: StoreDep) -> JobView:
     return job_view(store, store.jobs.request_cancel(_checked(job_id)))
 
 
+@app.post("/v1/jobs/{job_id}/resume", response_model=JobView, dependencies=[AuthDep], tags=["jobs"])
+def resume_job(job_id: str, store: StoreDep) -> JobView:
+    """A failed or cancelled job runs on from its last finished step (409 for any other status)."""
+    return job_view(store, store.jobs.resume(_checked(job_id)))
+
+
 @app.get("/v1/jobs/{job_id}/metrics", response_model=MetricsList, tags=["jobs"])
 def job_metrics(job_id: str, store: StoreDep) -> MetricsList:
     store.jobs.get(_checked(job_id))

@@ -23,8 +23,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "queued": frozenset({"running", "cancelled", "failed"}),
     "running": frozenset({"succeeded", "failed", "cancelled"}),
     "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
+    "failed": frozenset({"queued"}),  # resume (JobRegistry.resume)
+    "cancelled": frozenset({"queued"}),
 }
 DISPATCH_MAXLEN = 10_000
 DISPATCH_LOCK_MS = 30_000  # a create that crashed mid-dispatch blocks a retry this long
@@ -42,6 +42,17 @@ for from in string.gmatch(ARGV[4], '%S+') do
   end
 end
 return {-2, cur}
+"""
+
+# KEYS[1] job hash; ARGV: now. A failed or cancelled job back to queued, to be dispatched again.
+_RESUME = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {-1, ''} end
+if cur ~= 'failed' and cur ~= 'cancelled' then return {-2, cur} end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'reason', '', 'cancel_requested', 0, 'dispatched', 0,
+           'updated_at', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'resumes', 1)
+return {0, cur}
 """
 
 # KEYS[1] job hash; ARGV: flat field/value pairs. Returns 1 when created, 0 when it existed.
@@ -70,6 +81,7 @@ class JobRegistry:
         self.r = client
         self._transition = client.register_script(_TRANSITION)
         self._create = client.register_script(_CREATE)
+        self._resume = client.register_script(_RESUME)
 
     def create(
         self, config: dict[str, Any], job_id: str | None = None, *, roles: tuple[keys.Role, ...] = keys.ROLES
@@ -144,6 +156,18 @@ class JobRegistry:
         if code == -2:
             raise JobConflictError(f"job {job_id!r} is {as_str(cur)}; it cannot move to {to}")
         return self.get(job_id)
+
+    def resume(self, job_id: str) -> JobRecord:
+        """A failed or cancelled job queued again and dispatched to its roles: each trainer resumes
+        it from the job's ledger and its own checkpoint, so finished steps are not trained twice."""
+        code, cur = self._resume(keys=[keys.job(job_id)], args=[time.time()])
+        if code == -1:
+            raise JobNotFoundError(job_id)
+        if code == -2:
+            raise JobConflictError(f"job {job_id!r} is {as_str(cur)}; only a failed or cancelled job resumes")
+        record = self.get(job_id)
+        self._dispatch(job_id, record.created_at, tuple(record.roles))
+        return record
 
     def request_cancel(self, job_id: str) -> JobRecord:
         """Queued → cancelled at once; running → flag the trainers stop on within one step."""

@@ -120,6 +120,12 @@ def test_submit_and_status_errors_are_clean(tmp_path):
     )
     proc = mgrpo("status", "--controller", "http://127.0.0.1:1")
     assert proc.returncode == 2 and "cannot reach the controller" in proc.stdout
+    proc = mgrpo("resume", "job-x", "--controller", "http://127.0.0.1:1")
+    assert (
+        proc.returncode == 2
+        and "cannot reach the controller" in proc.stdout
+        and "Traceback" not in proc.stderr
+    )
 
 
 def test_unknown_role_and_bad_option(tmp_path):

@@ -344,7 +344,9 @@ def test_single_agent_runs_without_the_subagent_service(cluster):
         cluster.wait_ready(120, ("subagent",))
 
 
-def test_partner_down_fails_the_job_with_a_reason(cluster):
+def test_partner_down_fails_the_job_with_a_reason_and_it_resumes(cluster, store):
+    """The job fails naming the partner; once the partner is back, POST /v1/jobs/{id}/resume runs
+    it to the end, each step trained once."""
     cluster.kill("subagent")
     try:
         job_id = submit(cluster, {**SMALL, "steps": 1, "partner_timeout_s": 3})
@@ -353,6 +355,13 @@ def test_partner_down_fails_the_job_with_a_reason(cluster):
     finally:
         cluster.start_role("subagent")
         cluster.wait_ready(120, ("subagent",))
+    r = httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/resume", headers=H, timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "queued", r.text
+    job = wait(cluster, job_id, timeout_s=300)
+    assert job["status"] == "succeeded", job["reason"]
+    assert sorted((e.role, e.step) for e in store.ledger.entries(job_id)) == [("planner", 0), ("subagent", 0)]
+    again = httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/resume", headers=H, timeout=30)
+    assert again.status_code == 409 and "only a failed or cancelled job resumes" in again.text
 
 
 def wait_ledger(store, job_id, role, step, timeout_s=600):

@@ -116,3 +116,23 @@ def test_concurrent_writers_one_winner(store, job_id):
     final = store.jobs.get(job_id)
     assert final.status in winners and final.reason == f"by {final.status}"
     assert outcomes.count("refused") == 12 - outcomes.count(final.status)  # same-state writers are no-ops
+
+
+def test_a_failed_or_cancelled_job_resumes_once_dispatched_again(store, job_id):
+    store.jobs.create({"x": 3}, job_id, roles=("solver",))
+    store.jobs.transition(job_id, "running")
+    with pytest.raises(JobConflictError, match="only a failed or cancelled job resumes"):
+        store.jobs.resume(job_id)
+    store.jobs.request_cancel(job_id)
+    store.jobs.transition(job_id, "failed", "solver trainer: PartnerError: the verifier did not answer")
+    again = store.jobs.resume(job_id)
+    assert (again.status, again.reason, again.cancel_requested) == ("queued", "", False)
+    assert [m.roles for m in dispatched(store, job_id)] == [["solver"], ["solver"]]  # once more
+    store.jobs.transition(job_id, "cancelled", "cancelled before it started")
+    assert store.jobs.resume(job_id).status == "queued" and len(dispatched(store, job_id)) == 3
+    store.jobs.transition(job_id, "running")
+    store.jobs.transition(job_id, "succeeded")
+    with pytest.raises(JobConflictError, match="succeeded"):
+        store.jobs.resume(job_id)
+    with pytest.raises(JobNotFoundError):
+        store.jobs.resume("no-such-job")

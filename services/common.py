@@ -154,7 +154,7 @@ def install_common(app: FastAPI, role: str) -> None:
 
     def worker_down(request: Request) -> str | None:
         worker = getattr(request.app.state, "worker", None)  # trainers that run a job worker
-        if worker is not None and worker.started and not worker.thread.is_alive():
+        if worker is not None and worker.died:
             return f"the {role} job worker stopped; restart the service"
         return None
 

@@ -159,9 +159,14 @@ def create_job(
         Query(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="Idempotency: reuse to get the same job."),
     ] = None,
 ) -> JobView:
-    if job_id is not None and not job_id.strip("."):
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["query", "job_id"], "type": "value_error",
-                            "msg": "a job id of only dots would name a folder above the checkpoints"}])  # fmt: skip
+    if job_id is not None:
+        try:
+            keys.check_id(
+                "job id", job_id
+            )  # the store's rule: no id of only dots (a folder above the checkpoints)
+        except ValueError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                [{"loc": ["query", "job_id"], "type": "value_error", "msg": str(exc)}]) from None  # fmt: skip
     size = config.steps * config.prompts_per_step * config.rollouts_per_query
     if size > settings.max_job_rollouts:
         _unprocessable(("steps",), f"steps × prompts_per_step × rollouts_per_query = {size:,} rollouts, over this "

@@ -44,11 +44,20 @@ class JobWorker:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"{role}-worker", daemon=True)
         self.current: str | None = None
-        self.started = False
 
     def start(self) -> None:
-        self.started = True
         self.thread.start()
+
+    @property
+    def died(self) -> bool:
+        """Started, and its thread has ended."""
+        return self.thread.ident is not None and not self.thread.is_alive()
+
+    def _pause(self, delay_s: float, message: str, *args: object) -> float:
+        """Log, wait out `delay_s` (a stop cuts it short), return the next, doubled delay (≤ 30 s)."""
+        log.warning(message + "; retrying in %.0f s", *args, delay_s)
+        self.stop.wait(delay_s)
+        return min(delay_s * 2, 30.0)
 
     def _loop(self) -> None:
         backoff = 0.5
@@ -62,10 +71,8 @@ class JobWorker:
                     self.consumer.ack(d.entry_id)
                 backoff = 0.5
             except STORE_DOWN as exc:  # Redis away past the client's retries: wait for it, never die
-                log.warning("the %s worker lost the store (%s); retrying in %.0f s", self.role, exc, backoff)
                 self.consumer.resume_own()  # the entry being handled, if any, is still ours
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = self._pause(backoff, "the %s worker lost the store (%s)", self.role, exc)
 
     def _handle(self, job_id: str) -> None:
         jobs = self.store.jobs
@@ -98,9 +105,7 @@ class JobWorker:
             except STORE_DOWN as exc:
                 if self.stop.is_set():
                     return
-                log.warning("cannot mark job %s %s yet (%s); retrying in %.0f s", job_id, status, exc, delay)
-                self.stop.wait(delay)
-                delay = min(delay * 2, 30.0)
+                delay = self._pause(delay, "cannot mark job %s %s yet (%s)", job_id, status, exc)
 
 
 def service_role(kind: str) -> str:

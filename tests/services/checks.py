@@ -1,12 +1,18 @@
-"""Checks the end-to-end tests share: did a role's trainer really update its model?"""
+"""What the end-to-end tests share: did a role's trainer really update its model? And API-only
+services to send requests to."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from transformers import AutoModelForCausalLM
+
+from services.launcher import LocalCluster
 
 
 def params_of(path: str | Path) -> dict[str, torch.nn.Parameter]:
@@ -36,3 +42,13 @@ def assert_updated(role: str, start: str | Path, trained: str | Path, records: l
     else:
         assert not changed, f"{role}: every gradient was 0, yet {changed[:3]} moved"
     return max(grads) > 0
+
+
+@contextmanager
+def api_only(run_dir: Path, redis_url: str, token: str, **env: str) -> Iterator[httpx.Client]:
+    """The services as real processes without job workers (nothing trains: jobs stay queued), and
+    a client of the controller. `env`: more settings, e.g. MGRPO_MAX_DATASET_BYTES="4000"."""
+    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=token,
+                           extra_env={"MGRPO_RUN_WORKER": "false", **env})  # fmt: skip
+    with cluster, httpx.Client(base_url=cluster.url("controller"), timeout=30) as client:
+        yield client

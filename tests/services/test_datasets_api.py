@@ -11,11 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from services.launcher import LocalCluster
 from shared_store import Store, keys
+from tests.services.checks import api_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +32,10 @@ def jsonl(rows):
 
 @pytest.fixture(scope="module")
 def api(redis_url, tmp_path_factory):
-    cluster = LocalCluster(tmp_path_factory.mktemp("data"), redis_url=redis_url, api_token=TOKEN,
-                           extra_env={"MGRPO_RUN_WORKER": "false", "MGRPO_MAX_DATASET_BYTES": "4000"})  # fmt: skip
-    with cluster:
-        yield httpx.Client(base_url=cluster.url("controller"), timeout=30)
+    with api_only(
+        tmp_path_factory.mktemp("data"), redis_url, TOKEN, MGRPO_MAX_DATASET_BYTES="4000"
+    ) as client:
+        yield client
 
 
 def stored(redis_url):

@@ -4,11 +4,10 @@ dots each get a short 422 naming the field, never a 500, and nothing is stored."
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from services.launcher import LocalCluster
 from shared_store import Store
+from tests.services.checks import api_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(300)]
 TOKEN = "edge-token"
@@ -18,10 +17,8 @@ JOB = '{"steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4, %s}'
 
 @pytest.fixture(scope="module")
 def api(redis_url, tmp_path_factory):
-    cluster = LocalCluster(tmp_path_factory.mktemp("edge"), redis_url=redis_url, api_token=TOKEN,
-                           extra_env={"MGRPO_RUN_WORKER": "false", "MGRPO_MAX_JOB_ROLLOUTS": "5000"})  # fmt: skip
-    with cluster:
-        yield httpx.Client(base_url=cluster.url("controller"), timeout=30)
+    with api_only(tmp_path_factory.mktemp("edge"), redis_url, TOKEN, MGRPO_MAX_JOB_ROLLOUTS="5000") as client:
+        yield client
 
 
 @pytest.mark.parametrize(

@@ -72,3 +72,31 @@ def test_two_roles_run_concurrent_submissions_in_one_order(store):
     assert seen["planner"] == seen["subagent"] and sorted(seen["planner"]) == sorted(ids)
     assert [store.jobs.get(j).reason for j in ids if store.jobs.get(j).status != "succeeded"] == []
     assert store.jobs.get("marsrl-job").status == "queued"  # neither role runs a job not theirs
+
+
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning"
+)  # the thread dies on purpose
+def test_liveness_fails_once_the_worker_thread_died(store):
+    """A worker whose thread ended (here: an error no handler catches) makes /healthz and /readyz
+    a 503 naming it, so the orchestrator restarts the service."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from services.common import install_common
+
+    def run(_jid, _cfg):
+        raise SystemExit("boom")  # not an Exception: it ends the thread
+
+    app = FastAPI()
+    install_common(app, "planner")
+    app.state.store, app.state.worker = store, JobWorker(store, "planner", "planner-0", run)
+    client = TestClient(app)
+    assert client.get("/healthz").status_code == 200 and not app.state.worker.died  # not started yet
+    app.state.worker.start()
+    store.jobs.create(JobConfig().model_dump(mode="json"), "dies", roles=("planner",))
+    app.state.worker.thread.join(30)
+    assert app.state.worker.died
+    for path in ("/healthz", "/readyz"):
+        r = client.get(path)
+        assert r.status_code == 503 and "planner job worker stopped" in r.text, (path, r.text)

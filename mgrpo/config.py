@@ -59,7 +59,7 @@ class ModelSpec(_Strict):
 
 
 class OptimConfig(_Strict):
-    """The policy update of one role (SPEC §6)."""
+    """The policy update of one role (algorithm.md §5)."""
 
     lr: float = Field(
         1e-4,
@@ -148,7 +148,7 @@ class RoleConfig(_Strict):
 
 
 class MarsRLConfig(_Strict):
-    """The MarsRL workflow's rollout (SPEC §9); G is `rollouts_per_query`."""
+    """The MarsRL workflow's rollout (algorithm.md §9); G is `rollouts_per_query`."""
 
     select_k: int = Field(2, ge=1, le=64, description="Outputs of the previous agent each later agent takes.")
     selection: Literal["adaptive", "balanced", "random"] = Field(
@@ -288,7 +288,7 @@ class JobConfig(_Strict):
         description="marsrl only: how each later agent's inputs are chosen and rewarded.",
     )
     alignment: Literal["duplicate_drop", "none"] = Field(
-        "duplicate_drop", description="Sub-agent trajectory alignment (SPEC §4)."
+        "duplicate_drop", description="Sub-agent trajectory alignment (algorithm.md §3)."
     )
     steps: int = Field(20, ge=1, le=1_000_000, description="Training steps.")
     prompts_per_step: int = Field(8, ge=1, le=4096, description="Queries (problems) per step.")

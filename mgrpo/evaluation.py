@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -38,6 +38,7 @@ class System:
     temperature: float = 1.0
     seed: int | None = None  # seeded sampling: the same models give the same episodes (paired comparisons)
     episodes: list[tuple[str, Transcript]] = field(default_factory=list)
+    outcomes: list[float] = field(default_factory=list)  # the last `evaluate`'s success per question
 
     @classmethod
     def build(cls, task: DeepResearchTask, planner: tuple[PreTrainedModel, PreTrainedTokenizerBase],
@@ -63,11 +64,24 @@ class System:
             self.planner_engine, self.planner_engine.tokenizer, delegate, temperature=self.temperature
         )
 
-    def run(self, questions: Sequence[Question], *, concurrency: int = 64) -> list[PlannerRollout]:
+    def run(
+        self,
+        questions: Sequence[Question],
+        *,
+        concurrency: int = 64,
+        on_done: Callable[[], None] | None = None,
+    ) -> list[PlannerRollout]:
+        """One planner rollout per question (`on_done` is called, from a worker thread, after each)."""
         agent = self.planner()
+
+        def rollout(q: Question, seed: int | None) -> PlannerRollout:
+            r = agent.rollout(q.text, seed=seed)
+            if on_done is not None:
+                on_done()
+            return r
+
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            return list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions,
-                                 question_seeds(self.seed, len(questions))))  # fmt: skip
+            return list(pool.map(rollout, questions, question_seeds(self.seed, len(questions))))
 
     def close(self) -> None:
         self.planner_engine.close()
@@ -82,13 +96,21 @@ def _first_tool_ok(subtask: str, tr: Transcript) -> bool:
     return name == "search" and normalize_answer(arg) == normalize_answer(m.group(2))
 
 
-def evaluate(system: System, questions: Sequence[Question], majority: dict[str, str]) -> dict[str, float]:
-    """Success, format rate, baselines and process metrics of the system on `questions`."""
+def evaluate(
+    system: System,
+    questions: Sequence[Question],
+    majority: dict[str, str],
+    *,
+    on_done: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Success, format rate, baselines and process metrics of the system on `questions` (each
+    question's success also in `system.outcomes`, for paired comparisons)."""
     system.episodes.clear()
-    rollouts = system.run(questions)
+    rollouts = system.run(questions, on_done=on_done)
     task = system.task
     correct = [task.correct(r.transcript.final or "", q.answer) if r.transcript.format_ok else 0.0
                for r, q in zip(rollouts, questions, strict=True)]  # fmt: skip
+    system.outcomes = correct
     first_ok = [bool(r.delegations) and r.delegations[0].subtask.strip() == gold_plan(task.world, q)[0][0]
                 for r, q in zip(rollouts, questions, strict=True)]  # fmt: skip
     judged = [task.judge(s, tr.final or "") for s, tr in system.episodes if tr.format_ok]
@@ -135,3 +157,39 @@ def evaluate_single(
         "first_search_right_entity": sum(first_ok) / len(questions),
         "tool_calls_per_rollout": sum(len(t.actions) - 1 for t in transcripts) / len(questions),
     }
+
+
+@dataclass(frozen=True)
+class PairedGain:
+    """after − before on the same questions with the same seeded draws (`paired_gain`)."""
+
+    n: int
+    before: float
+    after: float
+    gain: float
+    se: float  # the paired standard error: sd of the per-question differences / sqrt(n)
+    se_unpaired: float  # as if the two evaluations were independent samples (larger when they correlate)
+
+    @property
+    def z(self) -> float:
+        return self.gain / self.se if self.se > 0 else 0.0
+
+
+def paired_gain(before: Sequence[float], after: Sequence[float]) -> PairedGain:
+    """The gain of `after` over `before`, both scored on the same n questions in one order.
+
+    The demo's two evaluations share their questions and each question's sampling seed, so the
+    per-question outcomes are correlated and the right standard error of the gain is the paired one:
+    d_i = after_i − before_i, se = sd(d) / sqrt(n) with sd's n − 1 denominator. The unpaired
+    sqrt(se_b² + se_a²) (binomial, se_x = sqrt(x(1 − x) / n)) is reported beside it.
+    """
+    if len(before) != len(after) or not before:
+        raise ValueError(
+            f"paired_gain needs two equally long non-empty lists, got {len(before)} and {len(after)}"
+        )
+    n = len(before)
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    mean_b, mean_a, mean_d = sum(before) / n, sum(after) / n, sum(d) / n
+    var_d = sum((x - mean_d) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    unpaired = math.sqrt((mean_b * (1 - mean_b) + mean_a * (1 - mean_a)) / n)
+    return PairedGain(n, mean_b, mean_a, mean_d, math.sqrt(var_d / n), unpaired)

@@ -2,7 +2,7 @@
 
 A trainer's step assembles `Sample`s (tokens, behaviour log-probs, loss mask, role, GRPO group,
 reward), `assign_advantages` fills their advantages group by group with the M-GRPO math
-(`mgrpo.algo.group_advantages`, SPEC §5), and `ppo_update` trains on them. Groups never mix roles:
+(`mgrpo.algo.group_advantages`, algorithm.md §4), and `ppo_update` trains on them. Groups never mix roles:
 the group key is (role, group).
 """
 

@@ -1,4 +1,4 @@
-"""The job's answer scorer: `correct ∈ [0, 1]` of R_M (SPEC §3) for a final answer against a row's
+"""The job's answer scorer: `correct ∈ [0, 1]` of R_M (algorithm.md §2) for a final answer against a row's
 reference, by a built-in rule or the user's HTTP reward endpoint (`RewardConfig`).
 
 Built-ins (pure functions of `answer, reference`):
@@ -12,7 +12,7 @@ Built-ins (pure functions of `answer, reference`):
 loads (`mgrpo/judge.py`) and rewards its p(yes).
 
 A score outside [0, 1], NaN, or an HTTP batch that failed after its retries is *rejected*: it becomes
-NaN (unscorable), which the advantage step excludes from its group and gives advantage 0 (SPEC §5),
+NaN (unscorable), which the advantage step excludes from its group and gives advantage 0 (algorithm.md §4),
 so it is never trained on; `Scores.rejected` / `Scores.errors` count them and `Scores.messages` says
 why, for the step's metrics and log.
 """

@@ -1,10 +1,10 @@
-"""The policy update of one role: clipped PPO epochs over a step's samples (SPEC §6).
+"""The policy update of one role: clipped PPO epochs over a step's samples (algorithm.md §5).
 
 Both trainers call this one function; the loss itself is `mgrpo.algo.policy_loss`. A sample is a
 transcript (token ids, logp_old, loss mask) with its sequence advantage; duplicated samples (from
 trajectory alignment) are passed as many times as they occur and so count in the loss.
 
-Stale samples (sampled by an older policy version than the one being trained, SPEC §11): before the
+Stale samples (sampled by an older policy version than the one being trained, algorithm.md §7): before the
 first minibatch, one no-grad pass of the current model over them gives `logp_prox`; the loss then
 clips the ratio against it and weights each token by min(exp(logp_prox − logp_old), `is_cap`). Fresh
 samples keep logp_prox = logp_old, so a batch without stale samples trains exactly as before.

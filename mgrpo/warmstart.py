@@ -4,18 +4,18 @@ generated demonstrations, stopped early so the untrained system is only partly c
 RL needs headroom: a fully fine-tuned tiny model leaves M-GRPO nothing to do, so the number of
 steps is chosen (and documented in the README with the measured evaluation) to leave stage-2
 held-out success at temperature 1 between roughly 15 % and 50 %. The result is cached on disk, keyed
-by the config, and reused. Also `single_agent`: one model that has the sub-agent's tools itself,
+by the config and everything else that changes it (`mgrpo.reproducibility`), and reused; the same
+seed gives the same weights, bit for bit, on every machine of a kind. Also `single_agent`: one model that has the sub-agent's tools itself,
 for the paper's single-agent baseline.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,16 +24,17 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.agents.loop import Transcript
-from mgrpo.batching import collate, sft_step
+from mgrpo.batching import length_sorted_chunks, sft_step_chunked
 from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate, evaluate_single
-from mgrpo.models import build_model, load, save, train_tokenizer
+from mgrpo.models import PRESETS, build_model, load, save, train_tokenizer
+from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
 
+ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerFast]
 EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
-DEMO_FORMAT_VERSION = 1  # bump when demonstrations change, so caches are rebuilt
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,20 @@ class WarmstartConfig:
     lr: float = 3e-3
     stage2_fraction: float = 0.5
     eval_questions: int = 100  # 0 skips the evaluation
+    sft_chunks: int = 4  # each SFT batch as length-sorted chunks (less padding; the same token-mean loss)
+
+    def eval_rollouts(self) -> int:
+        """Planner rollouts of the warm start's own evaluation (2 stages x 2 temperatures)."""
+        return 4 * self.eval_questions
+
+    def presets(self) -> dict[str, object]:
+        return {p: PRESETS.get(p) for p in sorted({self.planner_preset, self.subagent_preset, "tiny"})}
 
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "format": DEMO_FORMAT_VERSION}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return cache_key(asdict(self), presets=self.presets())
+
+    def provenance(self) -> str:
+        return json.dumps(provenance(asdict(self), presets=self.presets()), indent=2)
 
 
 @dataclass
@@ -83,9 +94,14 @@ def _train_questions(task: DeepResearchTask, cfg: WarmstartConfig) -> list[Quest
 
 
 def run_warmstart(
-    cfg: WarmstartConfig, out: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None
+    cfg: WarmstartConfig,
+    out: Path,
+    *,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    on_eval: Callable[[], None] | None = None,
 ) -> WarmstartResult:
-    """Train both models from scratch on demonstrations; save them and their evaluation to `out`."""
+    """Train both models from scratch on demonstrations; save them and their evaluation to `out`
+    (`on_step` after each SFT step, `on_eval` after each of the evaluation's `eval_rollouts()`)."""
     torch.manual_seed(cfg.seed)
     task = make_task(cfg)
     texts = tokenizer_texts(task)
@@ -105,23 +121,30 @@ def run_warmstart(
         subs = rng.sample(subtasks_of(task, qs), cfg.batch_size)
         p_batch = [p_demos.get(q.qid) or p_demos.setdefault(q.qid, planner_demo(task, ptok, q)) for q in qs]
         s_batch = [s_demos.get(s) or s_demos.setdefault(s, subagent_demo(task, stok, s)) for s in subs]
-        p_loss = _sft(pm, popt, ptok, p_batch)
-        s_loss = _sft(sm, sopt, stok, s_batch)
+        p_loss = _sft(pm, popt, ptok, p_batch, cfg)
+        s_loss = _sft(sm, sopt, stok, s_batch, cfg)
         if on_step:
             on_step(step, {"planner/sft_loss": p_loss, "subagent/sft_loss": s_loss})
-    metrics = evaluate_system(task, (pm, ptok), (sm, stok), cfg) if cfg.eval_questions else {}
+    metrics = (
+        evaluate_system(task, (pm, ptok), (sm, stok), cfg, on_done=on_eval) if cfg.eval_questions else {}
+    )
     out.mkdir(parents=True, exist_ok=True)
     save(pm, ptok, out / "planner")
     save(sm, stok, out / "subagent")
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "config.json").write_text(cfg.provenance())
     (out / "eval.json").write_text(json.dumps(metrics, indent=2))
     return WarmstartResult(out, out / "planner", out / "subagent", metrics, cached=False)
 
 
 def _sft(
-    model: PreTrainedModel, opt: torch.optim.Optimizer, tok: PreTrainedTokenizerFast, demos: list[Transcript]
+    model: PreTrainedModel,
+    opt: torch.optim.Optimizer,
+    tok: PreTrainedTokenizerFast,
+    demos: list[Transcript],
+    cfg: WarmstartConfig,
 ) -> float:
-    return sft_step(model, opt, collate(demos, int(tok.pad_token_id)))
+    chunks = length_sorted_chunks(demos, int(tok.pad_token_id), min(cfg.sft_chunks, len(demos)))
+    return sft_step_chunked(model, opt, chunks)
 
 
 def evaluate_system(
@@ -129,15 +152,17 @@ def evaluate_system(
     planner: tuple[PreTrainedModel, PreTrainedTokenizerFast],
     subagent: tuple[PreTrainedModel, PreTrainedTokenizerFast],
     cfg: WarmstartConfig,
+    on_done: Callable[[], None] | None = None,
     **grid: Any,
 ) -> dict[str, dict[str, float]]:
     """Held-out success of planner + sub-agent (stages 1 and 2, temperature 1 and greedy by default;
-    `grid` narrows it: see `heldout_grid`), with baselines and process metrics."""
+    `grid` narrows it: see `heldout_grid`), with baselines and process metrics; `on_done` after
+    each rollout."""
 
     def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
         system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
         try:
-            return evaluate(system, qs, majority)
+            return evaluate(system, qs, majority, on_done=on_done)
         finally:
             system.close()
 
@@ -176,12 +201,39 @@ def heldout_grid(
     majority = _majority(task)
     out: dict[str, dict[str, float]] = {}
     for stage in stages:
-        qs = make_questions(
-            task.world, "heldout", stage, n_questions or cfg.eval_questions, seed=1000 + cfg.seed
-        )
+        qs = heldout_questions(task, cfg, stage, n_questions or cfg.eval_questions)
         for temperature in temperatures:
             out[f"heldout_stage{stage}_T{temperature:g}"] = run(qs, majority, temperature)
     return out
+
+
+def heldout_questions(task: DeepResearchTask, cfg: WarmstartConfig, stage: int, n: int) -> list[Question]:
+    """The seeded held-out questions every evaluation of a stage draws from (people never trained on)."""
+    return make_questions(task.world, "heldout", stage, n, seed=1000 + cfg.seed)
+
+
+def evaluate_paired(
+    task: DeepResearchTask,
+    cfg: WarmstartConfig,
+    systems: Mapping[str, tuple[ModelAndTokenizer, ModelAndTokenizer]],
+    *,
+    n_questions: int,
+    stage: int = 2,
+    temperature: float = 1.0,
+    on_done: Callable[[], None] | None = None,
+) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
+    """Each named (planner, sub-agent) system on the same held-out questions with the same seeded
+    draws: its metrics, and its success per question in one order (for `evaluation.paired_gain`)."""
+    qs, majority = heldout_questions(task, cfg, stage, n_questions), _majority(task)
+    metrics, outcomes = {}, {}
+    for name, (planner, subagent) in systems.items():
+        system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
+        try:
+            metrics[name] = evaluate(system, qs, majority, on_done=on_done)
+            outcomes[name] = system.outcomes
+        finally:
+            system.close()
+    return metrics, outcomes
 
 
 def cached_warmstart(
@@ -191,6 +243,7 @@ def cached_warmstart(
     single_agent: bool = False,
     team: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    on_eval: Callable[[], None] | None = None,
 ) -> WarmstartResult:
     """Reuse `cache_dir/<kind>-<config key>` when it holds a finished warm start, else run and store one.
     Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer)."""
@@ -205,8 +258,9 @@ def cached_warmstart(
             return run_team_warmstart(
                 cfg, tmp, cached_warmstart(cfg, cache_dir, on_step=on_step), on_step=on_step
             ).metrics
-        run = run_single_warmstart if single_agent else run_warmstart
-        return run(cfg, tmp, on_step=on_step).metrics
+        if single_agent:
+            return run_single_warmstart(cfg, tmp, on_step=on_step).metrics
+        return run_warmstart(cfg, tmp, on_step=on_step, on_eval=on_eval).metrics
 
     metrics, cached = build_once(folder, build)
     return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=cached)
@@ -247,7 +301,11 @@ def run_single_warmstart(
     rng = random.Random(cfg.seed)
     for step in range(cfg.steps):
         loss = _sft(
-            model, opt, tok, [single_agent_demo(task, tok, q) for q in rng.sample(questions, cfg.batch_size)]
+            model,
+            opt,
+            tok,
+            [single_agent_demo(task, tok, q) for q in rng.sample(questions, cfg.batch_size)],
+            cfg,
         )
         if on_step:
             on_step(step, {"single/sft_loss": loss})
@@ -255,7 +313,7 @@ def run_single_warmstart(
     metrics = evaluate_single_model(task, (model, tok), cfg) if cfg.eval_questions else {}
     out.mkdir(parents=True, exist_ok=True)
     save(model, tok, out / "single")
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "config.json").write_text(cfg.provenance())
     (out / "eval.json").write_text(json.dumps(metrics, indent=2))
     return WarmstartResult(out, out / "single", out / "single", metrics, cached=False)
 
@@ -285,8 +343,8 @@ def run_team_warmstart(
         p_batch = [planner_demo(task, ptok, q, team=True) for q in rng.sample(questions, cfg.batch_size)]
         c_batch = [comparer_demo(ctok, s) for s in rng.sample(comparisons, cfg.batch_size)]
         losses = {
-            "planner/sft_loss": _sft(pm, popt, ptok, p_batch),
-            "comparer/sft_loss": _sft(cm, copt, ctok, c_batch),
+            "planner/sft_loss": _sft(pm, popt, ptok, p_batch, cfg),
+            "comparer/sft_loss": _sft(cm, copt, ctok, c_batch, cfg),
         }
         if on_step:
             on_step(step, losses)
@@ -294,6 +352,6 @@ def run_team_warmstart(
     save(pm, ptok, out / "planner")
     save(cm, ctok, out / "comparer")
     shutil.copytree(base.subagent_path, out / "searcher")
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "config.json").write_text(cfg.provenance())
     (out / "eval.json").write_text(json.dumps({}, indent=2))
     return WarmstartResult(out, out / "planner", out / "searcher", {}, cached=False)

@@ -3,8 +3,8 @@
 Per step s (phases timed by `PhaseTimer` as `timing/<name>`), produced (`RootJob`: pipelined when
 max_staleness ≥ 1): `wait_trainer`/`wait_partner` (every trainer applied step s − 1 − max_staleness)
 → `rollout` (K rollouts of each query, all concurrent, every delegation an HTTP call to the sub-agent
-service) → `reward` (R_M, SPEC §3) → per-query statistics to Redis (the sub-agent's training queue);
-then trained: `adv` (over each query's K rollouts, SPEC §5) → `update` (clipped PPO, SPEC §6) →
+service) → `reward` (R_M, algorithm.md §2) → per-query statistics to Redis (the sub-agent's training queue);
+then trained: `adv` (over each query's K rollouts, algorithm.md §4) → `update` (clipped PPO, algorithm.md §5) →
 `checkpoint` → ledger, policy version, progress. `exchange_redis` is the Redis time on this path (statistics, ledger,
 version, progress); `exchange_http_critical` the longest per-rollout sum of delegation time spent in
 HTTP and Redis rather than in the sub-agent's model (from its `Server-Timing` header). A restarted trainer resumes after the last step its

@@ -1,4 +1,4 @@
-"""One MarsRL job on the root (solver) service: the step loop (SPEC §9).
+"""One MarsRL job on the root (solver) service: the step loop (algorithm.md §9).
 
 Per step s (phases timed as `timing/<name>`), produced (`RootJob`: pipelined when max_staleness ≥ 1):
 `wait_trainer`/`wait_partner` (every trainer applied step s − 1 − max_staleness) → `rollout` (the grouped S → V → C → V → C program of `mgrpo.workflows.marsrl`

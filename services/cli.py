@@ -358,6 +358,9 @@ def warmstart(
     cache_dir: Annotated[Path, typer.Option(help="Where warm starts are cached.")] = Path(".cache/mgrpo"),
     single_agent: Annotated[bool, typer.Option(help="Warm-start the single-agent baseline instead.")] = False,
     workflow: WorkflowOpt = "deep_research",
+    eval_questions: Annotated[
+        int | None, typer.Option(min=0, help="Held-out questions per stage it is evaluated on (0 skips).")
+    ] = None,
 ) -> None:
     """Warm-start (SFT) the tiny models of a workflow on demonstrations; cached and reused."""
     from mgrpo.warmstart import WarmstartConfig
@@ -368,7 +371,12 @@ def warmstart(
         return
 
     default = WarmstartConfig()
-    cfg = WarmstartConfig(seed=seed, steps=steps or default.steps, n_people=n_people or default.n_people)
+    cfg = WarmstartConfig(
+        seed=seed,
+        steps=steps or default.steps,
+        n_people=n_people or default.n_people,
+        eval_questions=default.eval_questions if eval_questions is None else eval_questions,
+    )
     from services.demo import warmstart_with_progress
 
     team = workflow == "deep_research_team"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mgrpo.config import JobConfig
+from mgrpo.evaluation import PairedGain, paired_gain
 from mgrpo.models import load
 from mgrpo.runtime import job_task, marsrl_warmstart_config, warmstart_config
-from mgrpo.warmstart import WarmstartConfig, WarmstartResult, cached_warmstart, evaluate_system
+from mgrpo.warmstart import WarmstartConfig, WarmstartResult, cached_warmstart, evaluate_paired
 from mgrpo.workflows import get_workflow
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstart, MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
@@ -35,14 +37,23 @@ HEADLINE = "heldout_stage2_T1"
 def warmstart_with_progress(
     cfg: WarmstartConfig, cache_dir: Path, console: Console, *, single_agent: bool = False, team: bool = False
 ) -> WarmstartResult:
-    with step_progress(console, "warm start", cfg.steps, "(cached runs skip this)") as bar:
+    """The cached warm start with one progress display: its SFT steps, then its evaluation's rollouts."""
+    evals = cfg.eval_rollouts() if not (single_agent or team) else 0
+    with step_progress(console, "warm start", cfg.steps + evals, "(cached runs skip this)") as bar:
 
         def on_step(step: int, m: dict[str, float]) -> None:
             info = "  ".join(f"{k.replace('/sft_loss', '')} loss {v:.3f}" for k, v in m.items())
-            bar.update(step + 1, info if step + 1 < cfg.steps else "evaluating held-out …")
+            bar.update(step + 1, "SFT " + info if step + 1 < cfg.steps else "evaluating held-out …")
 
-        result = cached_warmstart(cfg, cache_dir, single_agent=single_agent, team=team, on_step=on_step)
-        bar.update(cfg.steps, "cached" if result.cached else "done")
+        result = cached_warmstart(
+            cfg,
+            cache_dir,
+            single_agent=single_agent,
+            team=team,
+            on_step=on_step,
+            on_eval=lambda: bar.advance(f"held-out evaluation, {evals} rollouts"),
+        )
+        bar.update(cfg.steps + evals, "cached" if result.cached else "done")
     return result
 
 
@@ -84,23 +95,30 @@ def run_demo(
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
     job_id = final["job_id"]
-    console.print(
-        f"[dim]evaluating the warm start and the trained models on the same {eval_questions} held-out questions …[/]"
-    )
     task, ws = job_task(job), warmstart_config(job)
-    grid = {"stages": (2,), "temperatures": (1.0,), "n_questions": eval_questions}
-    before = evaluate_system(task, load(warm.planner_path), load(warm.subagent_path), ws, **grid)
-    after = evaluate_system(task, load(latest["planner"]), load(latest["subagent"]), ws, **grid)
+    systems = {
+        "before": (load(warm.planner_path), load(warm.subagent_path)),
+        "after": (load(latest["planner"]), load(latest["subagent"])),
+    }
+    title = f"held-out evaluation, warm start then trained, {eval_questions} questions each"
+    with step_progress(console, title, 2 * eval_questions) as bar:
+        metrics, outcomes = evaluate_paired(
+            task, ws, systems, n_questions=eval_questions, on_done=lambda: bar.advance("rollouts")
+        )
+    before, after = {HEADLINE: metrics["before"]}, {HEADLINE: metrics["after"]}
+    gain = paired_gain(outcomes["before"], outcomes["after"])
     result = {
         "job_id": job_id,
         "questions": eval_questions,
         "before": before,
         "after": after,
+        "gain": {**asdict(gain), "z": gain.z},
+        "success_per_question": outcomes,
         "checkpoints": latest,
     }
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     _plot(rows, before, after, eval_questions, out / "rewards.png")
-    _summary(before, after, eval_questions, console)
+    _summary(before, after, gain, console)
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints: {latest['planner']} and {latest['subagent']}"
     )
@@ -231,8 +249,12 @@ def standard_error(p: float, n: int) -> float:
 
 
 def _summary(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], n: int, console: Console
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    gain: PairedGain,
+    console: Console,
 ) -> None:
+    n = gain.n
     table = Table(
         "metric",
         "warm start",
@@ -246,9 +268,9 @@ def _summary(
                    "subagent_fact_found"):  # fmt: skip
         table.add_row(metric, f"{b[metric]:.3f}", f"{a[metric]:.3f}")
     console.print(table)
-    gain = a["success"] - b["success"]
-    se = math.hypot(standard_error(a["success"], n), standard_error(b["success"], n))
+    unpaired = gain.gain / gain.se_unpaired if gain.se_unpaired else 0.0
     console.print(
-        f"held-out success {b['success']:.3f} → {a['success']:.3f}: {gain:+.3f} ± {se:.3f} "
-        f"({gain / se if se else 0:+.1f} standard errors); majority-answer baseline {a['majority_baseline']:.3f}"
+        f"held-out success {gain.before:.3f} → {gain.after:.3f}: {gain.gain:+.3f} ± {gain.se:.3f} "
+        f"({gain.z:+.1f} standard errors, paired: same questions, same seeded draws; "
+        f"{unpaired:+.1f} if the two were independent); majority-answer baseline {a['majority_baseline']:.3f}"
     )

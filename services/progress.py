@@ -1,16 +1,27 @@
-"""Progress of long work (warm starts, jobs) in a terminal and in a log file: rich's live bar on a
-terminal; plain `<title> <done>/<total> <elapsed> <info>` lines, at most one every `every_s`
-seconds (and the last), when the output is not a terminal (a pipe, a CI log, `> run.log`)."""
+"""Progress of long work (warm starts, jobs, evaluations) in a terminal and in a log file: rich's live
+bar on a terminal; plain `<title> <done>/<total> <elapsed> <rate> ETA <left> <info>` lines, at most one
+every `every_s` seconds (`MGRPO_PROGRESS_EVERY_S`, default 10; and the last), when the output is not a
+terminal (a pipe, a CI log, `> run.log`)."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 @dataclass
@@ -18,21 +29,30 @@ class StepProgress:
     console: Console
     title: str
     total: int
-    every_s: float = 10.0
+    every_s: float = field(default_factory=lambda: float(os.environ.get("MGRPO_PROGRESS_EVERY_S", "10")))
     _bar: Progress | None = None
     _task: TaskID | None = None
     _t0: float = field(default_factory=time.monotonic)
     _last: float = -1e9
     _done: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def advance(self, info: str = "") -> None:
+        """One more unit done; safe to call from worker threads."""
+        with self._lock:
+            self.update(self._done + 1, info)
 
     def update(self, done: int, info: str) -> None:
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=done, info=info)
+            self._done = max(self._done, done)
             return
         now = time.monotonic()
         if (done != self._done and now - self._last >= self.every_s) or (done >= self.total > self._done):
             self.console.print(
-                f"{self.title} {done}/{self.total} {now - self._t0:.0f}s {info}", soft_wrap=True
+                f"{self.title} {done}/{self.total} {plain_timing(done, self.total, now - self._t0)} {info}",
+                soft_wrap=True,
+                highlight=False,
             )
             self._last = now
         self._done = max(self._done, done)
@@ -49,8 +69,20 @@ def step_progress(console: Console, title: str, total: int, info: str = "") -> I
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         TextColumn("{task.fields[info]}"),
     )
     with Progress(*cols, console=console) as bar:
         progress._bar, progress._task = bar, bar.add_task(title, total=total, info=info)
         yield progress
+
+
+def plain_timing(done: int, total: int, elapsed_s: float) -> str:
+    """`<elapsed> <rate> ETA <left>` for a plain progress line: `95s 0.79 s/it ETA 3m 12s`
+    (`it/s` when faster than one a second); no rate or ETA before the first unit of work is done."""
+    if done <= 0:
+        return f"{elapsed_s:.0f}s"
+    per = elapsed_s / done
+    rate = f"{per:.2f} s/it" if per >= 1.0 else f"{1 / per:.1f} it/s" if per > 0 else "- it/s"
+    left = max(total - done, 0) * per
+    return f"{elapsed_s:.0f}s {rate} ETA {int(left // 60)}m {int(left % 60):02d}s"

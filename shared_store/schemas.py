@@ -103,7 +103,7 @@ class DatasetInfo(WireModel):
 
 # ---- per-step statistics --------------------------------------------------------------------------
 class RolloutStat(BaseModel):
-    # NaN = unscorable (a rejected reward, SPEC §5): written as the JSON constant NaN, not null.
+    # NaN = unscorable (a rejected reward, algorithm.md §4): written as the JSON constant NaN, not null.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
     rollout: int = Field(ge=0)
     reward: float

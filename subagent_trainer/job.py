@@ -8,7 +8,7 @@ per (role, group)) → `update` (clipped PPO) → `checkpoint` → policy versio
 timed as `timing/<role>_<phase>`.
 
 - `SubagentJob` (deep_research's sub-agent): intake `planner_stats`; aligns each query's episodes to
-  K·D slots and computes R_S itself (SPEC §3-5).
+  K·D slots and computes R_S itself (algorithm.md §2–4).
 - `RoleJob` (any role a root scores itself, e.g. MarsRL's verifier and corrector): intake
   `batch.<role>`, whose groups and rewards the root trainer wrote.
 """
@@ -196,7 +196,7 @@ class CalleeJob:
 
 class SubagentJob(CalleeJob):
     """deep_research's sub-agent (and the team variant's searcher and comparer): tool episodes with the
-    role's tools; its own episodes of each query aligned and pooled (SPEC §3-5)."""
+    role's tools; its own episodes of each query aligned and pooled (algorithm.md §2–4)."""
 
     intake = PlannerStepStats
 

@@ -2,11 +2,11 @@
 
 Public API (stable; other packages and users rely on these names):
 
-- `planner_reward`, `subagent_reward`               SPEC §3 (paper Eqs. 4-5)
-- `group_advantages`                                SPEC §5 (paper Eqs. 9-13)
-- `align_episodes`, `alignment_seed`                SPEC §4 (paper §4.1)
-- `policy_loss`                                     SPEC §6
-- `answer_reward`, `verifier_reward`, `select_inputs`   SPEC §9 (MarsRL)
+- `planner_reward`, `subagent_reward`               algorithm.md §2 (paper Eqs. 4-5)
+- `group_advantages`                                algorithm.md §4 (paper Eqs. 9-13)
+- `align_episodes`, `alignment_seed`                algorithm.md §3 (paper §4.1)
+- `policy_loss`                                     algorithm.md §5
+- `answer_reward`, `verifier_reward`, `select_inputs`   algorithm.md §9 (MarsRL)
 """
 
 from mgrpo.algo.advantages import group_advantages

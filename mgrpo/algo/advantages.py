@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC §5; M-GRPO paper Eqs. 9-13).
+"""Group-relative advantages (algorithm.md §4; M-GRPO paper Eqs. 9-13).
 
     A_i = (R_i − mean_g) / (std_g + ε)        for every sample i of group g
 
@@ -6,7 +6,7 @@ Groups are keyed by an integer id array, so groups may have different sizes (rag
 - Planner group: the K rollouts of one query. Sub-agent group: all K·D aligned episodes of one query.
   Planner and sub-agent rewards are never pooled in one group (callers pass them separately).
 
-Decisions taken from SPEC.md:
+Decisions (docs/algorithm.md):
 - std is the population std (1/n) by default, as in the paper; `std="unbiased"` (1/(n−1)) gives
   parity with verl/TRL. ε = 1e-6 is added to the std.
 - A group with fewer than two valid rewards, or whose valid rewards are all equal (max == min,

@@ -1,4 +1,4 @@
-"""Trajectory alignment to fixed-size sub-agent batches (SPEC §4; M-GRPO paper §4.1).
+"""Trajectory alignment to fixed-size sub-agent batches (algorithm.md §3; M-GRPO paper §4.1).
 
 A query has K rollouts; rollout k made d_k delegations (sub-agent episodes), d_k varies and may be 0.
 Alignment gives every rollout exactly D slots, each slot a (rollout index, episode index) pair:

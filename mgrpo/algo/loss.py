@@ -1,4 +1,4 @@
-"""Token-level clipped policy loss (SPEC §6), as the authors' released training uses.
+"""Token-level clipped policy loss (algorithm.md §5), as the authors' released training uses.
 
     ρ_t = exp(clamp(logp_t − logp_old_t, −20, 20))
     L_t = max(−A·ρ_t, −A·clip(ρ_t, 1 − ε_low, 1 + ε_high))        (= −min(ρA, clip(ρ)A))
@@ -11,7 +11,7 @@
   sequence with no trained token is left out rather than producing NaN) or `token-mean` (mean over
   all masked tokens of the batch).
 - KL to a reference model is off by default (β = 0, as in the paper); k3 estimator when enabled.
-- Stale samples (SPEC §11, decoupled PPO as in AReaL), when `logp_prox` is given: `logp_old` is the
+- Stale samples (algorithm.md §7, decoupled PPO as in AReaL), when `logp_prox` is given: `logp_old` is the
   behaviour policy's log-probs `logp_b` (the version that sampled the tokens), `logp_prox` the
   trainer's own at the start of the update. The clip ratio becomes ρ_t = exp(logp_t − logp_prox_t)
   and each token's policy-gradient term is multiplied by the detached, truncated importance weight
@@ -121,7 +121,7 @@ def policy_loss(
     pg_clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # (B, T)
     pg_mat = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
     metrics: dict[str, float] = {}
-    if logp_prox is not None:  # stale samples: the truncated importance weight of SPEC §11
+    if logp_prox is not None:  # stale samples: the truncated importance weight of algorithm.md §7
         log_w = torch.clamp(logp_prox.detach() - logp_old.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         w = torch.clamp(torch.exp(log_w), max=is_cap)  # (B, T), no gradient
         pg_mat = pg_mat * w

@@ -1,4 +1,4 @@
-"""Rewards of the planner and the sub-agent (SPEC §3; M-GRPO paper Eqs. 4 and 5).
+"""Rewards of the planner and the sub-agent (algorithm.md §2; M-GRPO paper Eqs. 4 and 5).
 
     R_M = 0                                   if the planner output is malformed
         = α1·1 + α2·correct                   otherwise, α = (0.1, 0.9)  → R_M ∈ {0, 0.1, 1}
@@ -6,12 +6,12 @@
     R_S = 0                                   if the sub-agent episode is malformed
         = β1·1 + β2·correct_main + β3·expert  otherwise, β = (0.1, 0.4, 0.5)
 
-Decisions taken from SPEC.md:
+Decisions (docs/algorithm.md):
 - `correct` is exact match after `normalize_answer` (lower-case, strip punctuation, articles, extra spaces).
 - `correct_main(k)` is the planner's `correct` for rollout k, copied to every episode of that rollout.
 - `expert ∈ [0, 1]` comes from a pluggable judge (programmatic for the built-in task).
 - A NaN score means "unscorable": it propagates to a NaN reward, which the advantage step excludes
-  from the group statistics and gives advantage 0 (SPEC §5).
+  from the group statistics and gives advantage 0 (algorithm.md §4).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def answer_reward(format_ok: bool, correct: bool) -> float:
 
 
 def verifier_reward(verdict: bool | None, solution_correct: bool) -> float:
-    """MarsRL verifier reward r_V = 1[verdict == the reviewed solution's true correctness] (SPEC §9).
+    """MarsRL verifier reward r_V = 1[verdict == the reviewed solution's true correctness] (algorithm.md §9).
 
     `verdict`: True for 'Correctness: Correct', False for 'Correctness: Wrong', None for a malformed
     verdict (reward 0). `solution_correct` comes from the reviewed solution's own reward."""

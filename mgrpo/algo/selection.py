@@ -1,7 +1,7 @@
-"""Which outputs of one agent the next agent works on (MarsRL grouped rollouts, SPEC §9).
+"""Which outputs of one agent the next agent works on (MarsRL grouped rollouts, algorithm.md §9).
 
 Each later agent takes `k` (= 2) of the preceding agent's outputs for a problem and generates a group
-of G outputs for each, so every GRPO group shares one input. Strategies [decision, SPEC §9]:
+of G outputs for each, so every GRPO group shares one input. Strategies [ours, algorithm.md §9]:
 
 - `random`: k candidates uniformly without replacement.
 - `balanced`: as many reward-1 as reward-0 candidates when both exist (k = 2: one of each), the

@@ -11,7 +11,7 @@ special tokens of the tiny models' tokenizers, so generation stops on `</answer>
     verifier             <think>7+5=12 ok 12-3=9 ok</think><answer>Correctness: Correct</answer>
                          <think>7+5=13 bad</think><answer>Correctness: Wrong</answer>
 
-The verifier's bug report is the `<think>` text and its verdict line the `<answer>` payload (SPEC §9's
+The verifier's bug report is the `<think>` text and its verdict line the `<answer>` payload (algorithm.md §9's
 "text before the `Correctness:` line", in tags so a tiny model stops on a special token
 [decision]). Problems are split into `train` and `heldout` by a hash of their text (1 in 5 held out),
 so a held-out problem is never trained on. Corrupted solutions (one wrong step result, or one wrong

@@ -24,9 +24,9 @@ log = logging.getLogger("mgrpo.workflows")
 
 DEEP_RESEARCH = Workflow(
     "deep_research", "planner",
-    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (SPEC §3)", "the K rollouts of one question"),
-     RoleSpec("subagent", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (SPEC §3)",
-              "the K·D aligned episodes of one question (SPEC §4-5)")),
+    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (algorithm.md §2)", "the K rollouts of one question"),
+     RoleSpec("subagent", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (algorithm.md §2)",
+              "the K·D aligned episodes of one question (algorithm.md §3–4)")),
     "A planner delegates one-fact subtasks to a tool-using sub-agent (M-GRPO).",
 )  # fmt: skip
 SINGLE_AGENT = Workflow(
@@ -44,10 +44,10 @@ MARSRL = Workflow(
 )  # fmt: skip
 DEEP_RESEARCH_TEAM = Workflow(
     "deep_research_team", "planner",
-    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (SPEC §3)", "the K rollouts of one question"),
-     RoleSpec("searcher", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (SPEC §3)",
+    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (algorithm.md §2)", "the K rollouts of one question"),
+     RoleSpec("searcher", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (algorithm.md §2)",
               "the K·D aligned lookups of one question"),
-     RoleSpec("comparer", "tiny", ("compare",), "format, planner outcome, expert judge (SPEC §3)",
+     RoleSpec("comparer", "tiny", ("compare",), "format, planner outcome, expert judge (algorithm.md §2)",
               "the K·D aligned comparisons of one question")),
     "Deep research with two kinds of sub-agents: lookups go to a searcher, comparisons to a comparer.",
 )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The deep-research workflow's step assembly (M-GRPO, SPEC §3-5) as pure functions over `Sample`s.
+"""The deep-research workflow's step assembly (M-GRPO, algorithm.md §2–4) as pure functions over `Sample`s.
 
 Root (planner): the K rollouts of query q form group q; reward R_M (`planner_reward`).
 Callee (sub-agent; in the team variant each of searcher and comparer, on its own episodes only): each
@@ -28,7 +28,7 @@ def planner_samples(
     k: int,
     version: int = 0,
 ) -> tuple[list[Sample], list[float]]:
-    """Rollout i = query i // k; `correct[i]` its scored final answer (NaN: unscorable, SPEC §5).
+    """Rollout i = query i // k; `correct[i]` its scored final answer (NaN: unscorable, algorithm.md §4).
     Returns the planner's samples (group = query id) and each rollout's `correct` (0 when the
     rollout is malformed), which the sub-agent's reward uses."""
     if len(transcripts) != len(query_ids) * k or len(correct) != len(transcripts):
@@ -79,7 +79,7 @@ class Episode:
 def align_query(
     episodes: Sequence[Sequence[str]], slots: int, *, seed: int, mode: AlignMode
 ) -> list[tuple[int, str]]:
-    """The query's K·D slots as (rollout k, episode id), rollout-major (SPEC §4)."""
+    """The query's K·D slots as (rollout k, episode id), rollout-major (algorithm.md §3)."""
     aligned = align_episodes([len(e) for e in episodes], slots, seed=seed, mode=mode)
     return [(k, episodes[k][i]) for per_rollout in aligned for k, i in per_rollout]
 

@@ -1,4 +1,4 @@
-"""The MarsRL workflow (arXiv 2511.11373; SPEC §9): solver → verifier → corrector (→ verifier →
+"""The MarsRL workflow (arXiv 2511.11373; algorithm.md §9): solver → verifier → corrector (→ verifier →
 corrector), grouped agentic rollouts, agent-specific rewards, and the inference-time V–C loop.
 
 One problem's training rollout (at most `max_agent_steps` = 5 agent steps: S → V1 → C1 → V2 → C2):

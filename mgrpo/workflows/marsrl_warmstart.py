@@ -5,13 +5,12 @@ Demonstrations (`mgrpo.tasks.arithmetic`): the solver writes the correct steps; 
 correct or a corrupted solution (half each) and writes the step-by-step report and the verdict; the
 corrector revises a corrupted solution given its report into the correct one. One tokenizer serves
 all models; the shared model's batch holds one batch of each role (as the three distinct models'
-batches together). Cached like the deep-research warm start: `cache_dir/marsrl-<config key>`, the key
-covering the config and `DEMO_VERSION`.
+batches together). Cached like the deep-research warm start: `cache_dir/marsrl-<key>`, the key covering
+the config and everything else that changes the result (`mgrpo.reproducibility`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Callable
@@ -25,7 +24,8 @@ from mgrpo.agents.agents import TurnAgent, demo_transcript
 from mgrpo.agents.loop import Transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
-from mgrpo.models import build_model, save, train_tokenizer
+from mgrpo.models import PRESETS, build_model, save, train_tokenizer
+from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.arithmetic import (
     Problem,
     check_steps,
@@ -42,7 +42,6 @@ from mgrpo.tasks.arithmetic import (
 from mgrpo.warmstart import build_once
 from mgrpo.workflows.marsrl import LocalRun, evaluate
 
-DEMO_VERSION = 1  # bump when the task, the demonstrations or the recipe change: caches are rebuilt
 EVAL_SEED = 1000
 ROLES = ("solver", "verifier", "corrector")
 
@@ -61,9 +60,11 @@ class MarsWarmstartConfig:
     n_ops: int = 2
     eval_problems: int = 100  # 0 skips the evaluation
 
+    def presets(self) -> dict[str, object]:
+        return {p: PRESETS.get(p) for p in sorted({self.preset(m) for m in (*ROLES, "shared")})}
+
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "demos": DEMO_VERSION}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return cache_key(asdict(self), presets=self.presets())
 
     def preset(self, model: str) -> str:
         return str(getattr(self, f"{model}_preset"))
@@ -117,7 +118,7 @@ def run_warmstart(cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int
     out.mkdir(parents=True, exist_ok=True)
     for m, model in models.items():
         save(model, tok, out / m)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "config.json").write_text(json.dumps(provenance(asdict(cfg), presets=cfg.presets()), indent=2))
     (out / "eval.json").write_text(json.dumps(metrics, indent=2))
     return MarsWarmstart(out, metrics, cached=False)
 

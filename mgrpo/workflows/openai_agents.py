@@ -1,4 +1,4 @@
-"""The `openai_agents` workflow: the user's agent program is the rollout (SPEC-style, pure functions).
+"""The `openai_agents` workflow: the user's agent program is the rollout (its math as pure functions).
 
 Per step, the root trainer runs the program K times per query; each run is a session
 (`<step>.<query>.<rollout>`) with one OpenAI-compatible base URL per role. Every chat completion a
@@ -6,7 +6,7 @@ role serves in a session is one episode of that role (id `s<step>-<query>.<role>
 program's final answer is scored (the job's reward: `correct` ∈ [0, 1]); every episode of a rollout
 gets that outcome as its reward (0 when the program failed; a truncated call is not gated: what the
 program made of it is in the outcome), and each role's episodes of a query are
-aligned to D slots per rollout and pooled into the query's group (SPEC §4-5), as M-GRPO does for
+aligned to D slots per rollout and pooled into the query's group (algorithm.md §3–4), as M-GRPO does for
 sub-agents. A role the program never called in a step has no samples that step.
 """
 
@@ -45,7 +45,7 @@ def episodes_of(ids: Sequence[str], role: str, query_id: str, k: int) -> list[li
 def outcome_samples(role: str, query_id: str, slots: Sequence[tuple[int, str]], fetched: dict[str, Episode],
                     correct: Sequence[float]) -> list[Sample]:  # fmt: skip
     """One sample per aligned slot, all in group `query_id`, rewarded with its rollout's outcome
-    `correct[k]` (NaN: unscorable, SPEC §5). A call cut off at its token budget is not gated to 0:
+    `correct[k]` (NaN: unscorable, algorithm.md §4). A call cut off at its token budget is not gated to 0:
     what the program made of it is in the outcome."""
     return [Sample(role, query_id, fetched[eid].transcript, correct[k], policy_version=fetched[eid].policy_version,
                    episode_id=eid) for k, eid in slots]  # fmt: skip

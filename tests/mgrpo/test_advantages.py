@@ -11,7 +11,7 @@ EPS = 1e-6
 
 
 def loop_reference(rewards, groups, eps=EPS, unbiased=False):
-    """A plain-Python reference of SPEC §5, written independently of the vectorised code."""
+    """A plain-Python reference of algorithm.md §4, written independently of the vectorised code."""
     out = [0.0] * len(rewards)
     for g in set(groups):
         idx = [i for i, gg in enumerate(groups) if gg == g and not math.isnan(rewards[i])]

@@ -9,7 +9,7 @@ from mgrpo.algo import policy_loss
 
 
 def loop_reference(logp, old, adv, mask, cl=0.2, ch=0.28, agg="seq-mean-token-mean", ref=None, beta=0.0):
-    """A token-by-token reference of SPEC §6, independent of the vectorised code."""
+    """A token-by-token reference of algorithm.md §5, independent of the vectorised code."""
     seq_losses, all_tok, n_tok = [], 0.0, 0
     for b in range(logp.shape[0]):
         tot, n = 0.0, 0
@@ -140,7 +140,7 @@ def test_vectorised_matches_loop(b, t, agg, per_token_adv, seed):
 
 
 def stale_loop_reference(logp, old, prox, adv, mask, cap=2.0, cl=0.2, ch=0.28):
-    """SPEC §11 token by token (seq-mean-token-mean): ratio against logp_prox, each token's term times
+    """algorithm.md §7 token by token (seq-mean-token-mean): ratio against logp_prox, each token's term times
     min(exp(prox − old), cap)."""
     seqs = []
     for b in range(logp.shape[0]):

@@ -1,4 +1,4 @@
-"""MarsRL (SPEC §9): rewards, selection and the grouped rollout program on hand-built cases; the
+"""MarsRL (algorithm.md §9): rewards, selection and the grouped rollout program on hand-built cases; the
 V–C inference loop with scripted roles; the arithmetic task."""
 
 import random

@@ -28,7 +28,7 @@ def moved(start: str | Path, trained: str | Path) -> list[str]:
 def assert_updated(role: str, start: str | Path, trained: str | Path, records: list[dict[str, Any]]) -> bool:
     """Every parameter of the role moved exactly when its updates had a gradient; returns whether
     they had one. A job whose every group of the role drew equal rewards has advantage 0 on every
-    sample (SPEC §5): a zero gradient, and Adam leaves each weight as it was. At a tiny warm start's
+    sample (algorithm.md §4): a zero gradient, and Adam leaves each weight as it was. At a tiny warm start's
     accuracy (~5-10 % for the MarsRL solver) that is a few percent of short jobs, so a move cannot be
     asserted unconditionally; a gradient without a move, or a move without one, is always a bug."""
     key = f"{role}/grad_norm"

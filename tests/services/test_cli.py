@@ -91,6 +91,33 @@ def test_marsrl_demo_end_to_end(tmp_path):
     assert " 1/1 " in job_line and "solver" in job_line and "verifier" in job_line and "s/step" in job_line
 
 
+def test_warmstart_progress_lines_in_a_log(tmp_path):
+    """Not a terminal (a log file): plain progress lines while the warm start trains and evaluates, each
+    with its rate and ETA, and the losses; a second run finds it cached."""
+    args = (
+        "warmstart",
+        "--steps",
+        "6",
+        "--n-people",
+        "60",
+        "--eval-questions",
+        "3",
+        "--cache-dir",
+        str(tmp_path),
+    )
+    proc = mgrpo(*args, env={"MGRPO_PROGRESS_EVERY_S": "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("warm start ")]
+    sft = [line for line in lines if "SFT planner loss" in line]
+    assert [line.split()[2] for line in sft] == [f"{i}/18" for i in range(1, 6)], lines
+    assert all("ETA" in line and ("s/it" in line or "it/s" in line) for line in sft)
+    evals = [line for line in lines if "held-out evaluation" in line]
+    assert evals and evals[-1].split()[2] == "18/18" == lines[-1].split()[2]
+    assert "trained:" in proc.stdout and "heldout_stage2_T1 success" in proc.stdout
+    again = mgrpo(*args)
+    assert again.returncode == 0 and "cached:" in again.stdout
+
+
 def test_schema_shows_every_workflow():
     proc = mgrpo("schema")
     assert proc.returncode == 0, proc.stderr

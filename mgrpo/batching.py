@@ -72,7 +72,9 @@ def sft_step_chunked(
     """One supervised step over a batch given as chunks (gradients accumulated): the token-mean negative
     log-likelihood of the agent's tokens over all chunks together, as if they were one batch."""
     model.train()
-    total = torch.stack([c.loss_mask.sum() for c in chunks]).sum().clamp(min=1.0)  # the batch's trained tokens
+    total = (
+        torch.stack([c.loss_mask.sum() for c in chunks]).sum().clamp(min=1.0)
+    )  # the batch's trained tokens
     optimizer.zero_grad()
     loss = torch.zeros(())
     for c in chunks:

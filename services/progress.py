@@ -79,10 +79,13 @@ def step_progress(console: Console, title: str, total: int, info: str = "") -> I
 
 def plain_timing(done: int, total: int, elapsed_s: float) -> str:
     """`<elapsed> <rate> ETA <left>` for a plain progress line: `95s 0.79 s/it ETA 3m 12s`
-    (`it/s` when faster than one a second); no rate or ETA before the first unit of work is done."""
-    if done <= 0:
+    (`it/s` when faster than one a second); no rate before the first unit of work is done or within
+    the first second (a cached result), no ETA once all is done."""
+    if done <= 0 or elapsed_s < 1.0:
         return f"{elapsed_s:.0f}s"
     per = elapsed_s / done
-    rate = f"{per:.2f} s/it" if per >= 1.0 else f"{1 / per:.1f} it/s" if per > 0 else "- it/s"
-    left = max(total - done, 0) * per
+    rate = f"{per:.2f} s/it" if per >= 1.0 else f"{1 / per:.1f} it/s"
+    if done >= total:
+        return f"{elapsed_s:.0f}s {rate}"
+    left = (total - done) * per
     return f"{elapsed_s:.0f}s {rate} ETA {int(left // 60)}m {int(left % 60):02d}s"

@@ -1,11 +1,12 @@
 """`mgrpo demo`: the whole system on one machine, start to finish.
 
-1. warm start (cached; trained once, about 5 minutes on 2 cores) and its held-out evaluation;
+1. warm start (cached; trained once, about 8 minutes on 2 cores) and its held-out evaluation;
 2. a local cluster: embedded Redis (unless REDIS_URL) and the three services as separate processes;
 3. one `co_train` job submitted over REST, followed live (step, reward per role, timings);
 4. the warm start and the final checkpoints evaluated side by side on the same held-out stage-2
-   questions (400 by default), printed with standard errors next to the baselines; `metrics.jsonl`, `rewards.png`, `eval.json` and both checkpoints in the run folder.
-"""
+   questions (400 by default) with the same seeded draws, printed with the gain's paired standard
+   error next to the baselines; `metrics.jsonl`, `rewards.png`, `eval.json` (with each question's
+   success before and after) and both checkpoints in the run folder."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from mgrpo.workflows import get_workflow
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstart, MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
 from services.launcher import LocalCluster
-from services.progress import step_progress
+from services.progress import phases, step_progress
 
 HEADLINE = "heldout_stage2_T1"
 
@@ -37,23 +38,24 @@ HEADLINE = "heldout_stage2_T1"
 def warmstart_with_progress(
     cfg: WarmstartConfig, cache_dir: Path, console: Console, *, single_agent: bool = False, team: bool = False
 ) -> WarmstartResult:
-    """The cached warm start with one progress display: its SFT steps, then its evaluation's rollouts."""
+    """The cached warm start with its progress: the SFT steps, then its evaluation's rollouts (each its
+    own display, so that each rate and ETA is of one kind of work)."""
     evals = cfg.eval_rollouts() if not (single_agent or team) else 0
-    with step_progress(console, "warm start", cfg.steps + evals, "(cached runs skip this)") as bar:
+    with phases(console) as show:
+        show.start("warm start", cfg.steps, "(cached runs skip this)")
 
         def on_step(step: int, m: dict[str, float]) -> None:
             info = "  ".join(f"{k.replace('/sft_loss', '')} loss {v:.3f}" for k, v in m.items())
-            bar.update(step + 1, "SFT " + info if step + 1 < cfg.steps else "evaluating held-out …")
+            show.update(step + 1, "SFT " + info)
+
+        def on_eval() -> None:
+            show.advance_in("warm-start evaluation", evals, "held-out rollouts")
 
         result = cached_warmstart(
-            cfg,
-            cache_dir,
-            single_agent=single_agent,
-            team=team,
-            on_step=on_step,
-            on_eval=lambda: bar.advance(f"held-out evaluation, {evals} rollouts"),
+            cfg, cache_dir, single_agent=single_agent, team=team, on_step=on_step, on_eval=on_eval
         )
-        bar.update(cfg.steps + evals, "cached" if result.cached else "done")
+        if result.cached:
+            show.update(cfg.steps, "cached")
     return result
 
 

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -89,3 +89,47 @@ def plain_timing(done: int, total: int, elapsed_s: float) -> str:
         return f"{elapsed_s:.0f}s {rate}"
     left = (total - done) * per
     return f"{elapsed_s:.0f}s {rate} ETA {int(left // 60)}m {int(left % 60):02d}s"
+
+
+class Phases:
+    """Displays of several kinds of work one after the other (`phases`): `start` closes the current
+    display and opens the next; `advance_in` counts one unit in the named display, opening it first
+    (from any thread); `update` goes to the current one."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.title = ""
+        self._cm: AbstractContextManager[StepProgress] | None = None
+        self._bar: StepProgress | None = None
+        self._lock = threading.Lock()
+
+    def start(self, title: str, total: int, info: str = "") -> None:
+        self.close()
+        self.title, self._cm = title, step_progress(self.console, title, total, info)
+        self._bar = self._cm.__enter__()
+
+    def update(self, done: int, info: str) -> None:
+        if self._bar is not None:
+            self._bar.update(done, info)
+
+    def advance_in(self, title: str, total: int, info: str = "") -> None:
+        with self._lock:
+            if title != self.title:
+                self.start(title, total)
+            bar = self._bar
+        if bar is not None:
+            bar.advance(info)
+
+    def close(self) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+        self._cm, self._bar = None, None
+
+
+@contextmanager
+def phases(console: Console) -> Iterator[Phases]:
+    show = Phases(console)
+    try:
+        yield show
+    finally:
+        show.close()

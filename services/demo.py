@@ -119,7 +119,7 @@ def run_demo(
         "checkpoints": latest,
     }
     (out / "eval.json").write_text(json.dumps(result, indent=2))
-    _plot(rows, before, after, eval_questions, out / "rewards.png")
+    _plot(rows, before, after, gain, out / "rewards.png")
     _summary(before, after, gain, console)
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints: {latest['planner']} and {latest['subagent']}"
@@ -208,14 +208,15 @@ def _plot(
     rows: list[dict[str, Any]],
     before: dict[str, dict[str, float]],
     after: dict[str, dict[str, float]],
-    n: int,
+    gain: PairedGain,
     path: Path,
 ) -> None:
+    n = gain.n
     b, a = before[HEADLINE]["success"], after[HEADLINE]["success"]
     bars = {"warm start": (b, standard_error(b, n)), "after M-GRPO": (a, standard_error(a, n)),
             "majority": (after[HEADLINE]["majority_baseline"], 0.0)}  # fmt: skip
     plot_run(rows, ("planner/success", "planner/reward_mean", "subagent/reward_mean"), bars,
-             f"held-out success, stage 2, T=1, n={n}", path)  # fmt: skip
+             f"held-out success, stage 2, T=1, n={n}\ngain {gain.gain:+.3f} ± {gain.se:.3f} (paired)", path)  # fmt: skip
 
 
 def plot_run(rows: list[dict[str, Any]], curves: tuple[str, ...], bars: dict[str, tuple[float, float]], bar_title: str,

@@ -5,6 +5,8 @@ Used by `mgrpo demo` / `mgrpo local up` when no `REDIS_URL` is given, and by the
 
 from __future__ import annotations
 
+import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -33,6 +35,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_block(n: int, *, low: int = 20000, high: int = 32000) -> int:
+    """A port p with p .. p + n - 1 all free, below Linux's ephemeral range (32768+), so no outgoing
+    connection takes one of them between this check and the bind (`local up --port p` takes n ports)."""
+    for _ in range(200):
+        base = random.randrange(low, high - n)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + n):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports in [{low}, {high})")
 
 
 class RedisServer:

@@ -197,9 +197,9 @@ def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
 
     import httpx
 
-    from shared_store.embedded import free_port
+    from shared_store.embedded import free_port_block
 
-    port = free_port()
+    port = free_port_block(3)  # port + 1 from the ephemeral range was once taken by a client connection
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REDIS_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "local", "up", "--workflow", "marsrl", "--shared",
@@ -208,7 +208,12 @@ def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
     try:
         deadline = time.monotonic() + 180
         while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "local up did not come up"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                logs = "".join(
+                    f.read_text()[-1500:] for f in sorted((tmp_path / "run" / "logs").glob("*.log"))
+                )
+                out = proc.stdout.read() if proc.poll() is not None and proc.stdout else ""
+                pytest.fail(f"local up did not come up: {out}{logs}")
             try:  # the controller and the solver's trainer both ready
                 if all(
                     httpx.get(f"http://127.0.0.1:{p}/readyz", timeout=2).status_code == 200

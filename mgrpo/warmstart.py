@@ -4,10 +4,10 @@ generated demonstrations, stopped early so the untrained system is only partly c
 RL needs headroom: a fully fine-tuned tiny model leaves M-GRPO nothing to do, so the number of
 steps is chosen (and documented in the README with the measured evaluation) to leave stage-2
 held-out success at temperature 1 between roughly 10 % and 50 % (greedy above the majority-answer
-baseline). The result is cached on disk, keyed
-by the config and everything else that changes it (`mgrpo.reproducibility`), and reused; the same
-seed gives the same weights, bit for bit, on every machine of a kind. Also `single_agent`: one model that has the sub-agent's tools itself,
-for the paper's single-agent baseline.
+baseline). The result is cached on disk, keyed by the config and everything else that changes it
+(`mgrpo.reproducibility`), and reused; the same seed gives the same weights, bit for bit, on every
+machine of a kind. Also `single_agent`: one model that has the sub-agent's tools itself, for the
+paper's single-agent baseline.
 """
 
 from __future__ import annotations
@@ -161,13 +161,26 @@ def evaluate_system(
     each rollout."""
 
     def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
-        system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
-        try:
-            return evaluate(system, qs, majority, on_done=on_done)
-        finally:
-            system.close()
+        return _evaluate_seeded(task, planner, subagent, qs, majority, temperature, on_done)[0]
 
     return heldout_grid(task, cfg, run, **grid)
+
+
+def _evaluate_seeded(
+    task: DeepResearchTask,
+    planner: ModelAndTokenizer,
+    subagent: ModelAndTokenizer,
+    qs: list[Question],
+    majority: dict[str, str],
+    temperature: float,
+    on_done: Callable[[], None] | None,
+) -> tuple[dict[str, float], list[float]]:
+    """One system on `qs` with the evaluation seed: its metrics and its success per question."""
+    system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
+    try:
+        return evaluate(system, qs, majority, on_done=on_done), system.outcomes
+    finally:
+        system.close()
 
 
 def evaluate_single_model(
@@ -228,12 +241,9 @@ def evaluate_paired(
     qs, majority = heldout_questions(task, cfg, stage, n_questions), _majority(task)
     metrics, outcomes = {}, {}
     for name, (planner, subagent) in systems.items():
-        system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
-        try:
-            metrics[name] = evaluate(system, qs, majority, on_done=on_done)
-            outcomes[name] = system.outcomes
-        finally:
-            system.close()
+        metrics[name], outcomes[name] = _evaluate_seeded(
+            task, planner, subagent, qs, majority, temperature, on_done
+        )
     return metrics, outcomes
 
 

@@ -1,6 +1,9 @@
 # One image for every role; the role is the command: `mgrpo serve controller|planner|subagent`.
 #   docker build -t mgrpo .                              # CPU (default)
 #   docker build -t mgrpo:cuda --build-arg TORCH_VARIANT=cu126 .   # CUDA torch for GPU trainers
+# Without a registry or an index (an air-gapped build): a base image of your own with python3.11 and pip
+# (PYTHON_IMAGE), and the wheels in ./wheelhouse (`pip download -d wheelhouse '.[all]' torch==2.13.0`);
+# pip then installs from them only.
 # SGLang servers run from SGLang's own image (see docker-compose.yml, profile gpu): SGLang pins its
 # own CUDA torch and is not installed beside ours.
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -15,10 +18,12 @@ WORKDIR /app
 
 # Dependencies first (a layer that changes only with pyproject.toml), the source after.
 COPY pyproject.toml README.md ./
+COPY pyproject.toml wheelhouse* /tmp/wheelhouse/
 RUN mkdir -p mgrpo shared_store planner_trainer subagent_trainer services \
  && for p in mgrpo shared_store planner_trainer subagent_trainer services; do touch $p/__init__.py; done \
- && pip install --extra-index-url https://download.pytorch.org/whl/${TORCH_VARIANT} . \
- && pip uninstall -y mgrpo
+ && if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then pip install --no-index --find-links /tmp/wheelhouse . ; \
+    else pip install --extra-index-url https://download.pytorch.org/whl/${TORCH_VARIANT} . ; fi \
+ && pip uninstall -y mgrpo && rm -rf /tmp/wheelhouse
 COPY mgrpo ./mgrpo
 COPY shared_store ./shared_store
 COPY planner_trainer ./planner_trainer

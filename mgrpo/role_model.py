@@ -58,7 +58,7 @@ class RoleModel:
         starting model to load (`single` for the single-agent baseline). `last_step`: the last step the
         ledger holds for the role (-1: none), resumed from its checkpoint."""
         self.cfg, self.role = cfg, role
-        self.ckpt_root = checkpoint_dir / job_id / role
+        self.checkpoint_dir, self.ckpt_root = checkpoint_dir, checkpoint_dir / job_id / role
         resume = latest_checkpoint(self.ckpt_root, step=last_step) if last_step >= 0 else None
         source = str(resume.path) if resume else role_model_source(cfg, model_role or role, cache_dir)
         model, self.tokenizer = load(source)
@@ -114,6 +114,10 @@ class RoleModel:
         report["stale_beyond_bound"] = float(sum(beyond))
         report["stale_dropped"] = float(len(samples) - len(kept))
         return kept, report
+
+    def shown(self, path: Path) -> str:
+        """A checkpoint's path as the API shows it: relative to this service's volume."""
+        return str(Path(path).relative_to(self.checkpoint_dir))
 
     def save(self, step: int, *, push: bool = True) -> CheckpointInfo:
         """Checkpoint the step; an engine with its own weights (SGLang) loads them (when `push`)."""

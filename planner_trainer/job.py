@@ -134,7 +134,7 @@ class PlannerJob(RootJob):
     def _commit(self, step: int, ckpt: Path) -> None:
         """The step is done: ledger, policy version, progress (and garbage collection) in Redis."""
         self.store.commit_step(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
-                                             checkpoint=str(ckpt)), roles=self.cfg.trainer_roles)  # fmt: skip
+                                             checkpoint=self.m.shown(ckpt)), roles=self.cfg.trainer_roles)  # fmt: skip
 
     def _dataset(self) -> tuple[list[Question], list[Question]]:
         """The job's dataset: its train split's and (the first `eval_queries` of) its held-out split's

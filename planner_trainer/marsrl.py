@@ -100,7 +100,7 @@ class MarsRootJob(RootJob):
         with timer("exchange_redis"):
             self.account_trained(self.root, step, len(samples), metrics)
             self.store.commit_step(PolicyVersion(job_id=self.job_id, role=self.root, version=self.version, step=step,
-                                                 checkpoint=str(ckpt.path)), roles=self.cfg.trainer_roles)  # fmt: skip
+                                                 checkpoint=self.m.shown(ckpt.path)), roles=self.cfg.trainer_roles)  # fmt: skip
         values = {**{f"{self.root}/{k}": v for k, v in metrics.items()}, **rollouts.values,
                   f"{self.root}/version": float(self.version), **self.finish_values(rollouts)}  # fmt: skip
         publish_metrics(

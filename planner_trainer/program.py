@@ -58,7 +58,7 @@ def load_program(cfg: ProgramConfig) -> Program:
 
 
 class ProgramRootJob(PlannerJob):
-    def __init__(self, *args: Any, role_urls: dict[str, str], api_key: str, **kw: Any) -> None:
+    def __init__(self, *args: Any, role_urls: dict[str, str], **kw: Any) -> None:
         super().__init__(*args, **kw)
         assert self.cfg.program is not None
         missing = [r for r in self.cfg.flow.role_names if not role_urls.get(r)]
@@ -66,7 +66,7 @@ class ProgramRootJob(PlannerJob):
             raise ValueError(
                 f"no URL for role(s) {', '.join(missing)}: set MGRPO_PUBLIC_URL on the root service and MGRPO_ROLE_URLS"
             )
-        self.role_urls, self.api_key = role_urls, api_key
+        self.role_urls = role_urls
         self.program = load_program(self.cfg.program)
         self.sessions = ChatSessions()
         self.program_errors = 0
@@ -91,7 +91,8 @@ class ProgramRootJob(PlannerJob):
         urls = {r: f"{u.rstrip('/')}/v1/s/{session}" for r, u in self.role_urls.items()}
         tr = Transcript.start([])
         try:
-            answer = self.program(q.text, urls, self.api_key)
+            # the API key the program calls with is this run's capability: it records this session only
+            answer = self.program(q.text, urls, self.store.capabilities.sign(self.job_id, step, query_id, k))
         except Exception as exc:  # the user's code: any failure is a failed run, counted and logged
             log.warning(
                 "job %s: the program failed on %s: %s: %s", self.job_id, session, type(exc).__name__, exc

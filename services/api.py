@@ -69,6 +69,11 @@ class EpisodeRequest(BaseModel):
     rollout: int = Field(ge=0)
     call: int = Field(ge=0)
     subtask: str = Field(min_length=1, max_length=2000)
+    capability: str = Field(
+        "",
+        max_length=128,
+        description="The root trainer's signature of this rollout (`shared_store.capabilities`): without it nothing runs or is recorded (403).",
+    )
 
     model_config = {
         "json_schema_extra": {

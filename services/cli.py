@@ -79,7 +79,13 @@ def serve(
         ) from None
     except RuntimeError as exc:
         raise fail(str(exc)) from None
-    uvicorn.run(apps[role], host=host, port=port, log_level=log_level)
+    uvicorn.run(
+        apps[role],
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+    )  # SIGTERM: stopped within ~2 s
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:
@@ -122,7 +128,7 @@ def local_up(
     workflow: WorkflowOpt = "deep_research",
     shared: SharedOpt = False,
 ) -> None:
-    """Start the cluster in the foreground (Ctrl-C stops it)."""
+    """Start the cluster in the foreground, restarting any service that dies (Ctrl-C stops it)."""
     from services.launcher import LocalCluster, workflow_roles
 
     _check_workflow(workflow)
@@ -138,9 +144,10 @@ def local_up(
         cluster.start()
         urls = "  ".join(f"{r} {cluster.url(r)}" for r in cluster.services)
         console.print(f"{urls}  Redis {cluster.redis_url}  logs {run_dir}/logs")
-        while all(p.poll() is None for p in cluster.procs.values()):
-            time.sleep(1)
-        raise fail(f"a service exited; see {run_dir}/logs")
+        while True:  # a service (or the embedded Redis) that dies is restarted, with backoff
+            for name in cluster.supervise():
+                console.print(f"restarted {name} (restart {cluster.restarts[name]}; logs in {run_dir}/logs)")
+            time.sleep(0.5)
     except RuntimeError as exc:
         raise fail(str(exc)) from None
     except KeyboardInterrupt:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Iterator, Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, Literal
 
 import redis
 from fastapi import Depends, FastAPI, HTTPException, Request, status
@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.settings import Settings, get_settings
 from shared_store import Store, keys
+from shared_store.capabilities import CapabilityError
 from shared_store.connection import StoreUnavailableError, ping_now
 from shared_store.jobs import JobConflictError, JobNotFoundError
 from shared_store.schemas import MetricsEvent, PayloadError, SchemaVersionError, decode
@@ -37,21 +38,70 @@ def get_store(request: Request) -> Store:
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
-def require_token(
-    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
-    """Bearer auth on state-changing endpoints; MGRPO_API_TOKEN='' turns it off (local use only)."""
+TokenScope = Literal["admin", "read", "service"]
+
+
+def scopes_of(settings: Settings, token: str | None) -> set[TokenScope]:
+    """The scopes a bearer token holds. Admin (`MGRPO_API_TOKEN`): jobs, datasets, generation, and
+    read. Read (`MGRPO_READ_TOKEN`): the GETs of jobs, metrics, datasets, policies. Service
+    (`MGRPO_SERVICE_TOKEN`, else the admin token): trainer-to-trainer calls, and read. Auth off
+    (`MGRPO_API_TOKEN=''`): every scope, with or without a token."""
     if not settings.api_token:
+        return {"admin", "read", "service"}
+    held: set[TokenScope] = set()
+
+    def match(secret: str) -> bool:
+        return bool(secret) and token is not None and secrets.compare_digest(token, secret)
+
+    if match(settings.api_token):
+        held |= {"admin", "read"}
+    if match(settings.read_token):
+        held.add("read")
+    if match(settings.service_credential):
+        held |= {"service", "read"}
+    if settings.open_reads:
+        held.add("read")
+    return held
+
+
+WHO: dict[TokenScope, str] = {
+    "admin": "the admin token (MGRPO_API_TOKEN)",
+    "read": "a read token (MGRPO_READ_TOKEN) or the admin token",
+    "service": "the service token (MGRPO_SERVICE_TOKEN): trainers only",
+}
+
+
+def check_scope(scope: TokenScope, settings: Settings, token: str | None) -> None:
+    """401 without a known token, 403 with one that lacks `scope`."""
+    held = scopes_of(settings, token)
+    if scope in held:
         return
-    if credentials is None or not secrets.compare_digest(credentials.credentials, settings.api_token):
+    if token is None or not held:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            "missing or wrong bearer token: send 'Authorization: Bearer $MGRPO_API_TOKEN'",
+            f"missing or wrong bearer token: send 'Authorization: Bearer <token>' with {WHO[scope]}",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the {scope} scope: use {WHO[scope]}")
 
 
-AuthDep = Depends(require_token)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def bearer(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
+
+
+def _require(scope: TokenScope) -> Callable[..., None]:
+    def check(settings: SettingsDep, credentials: BearerDep) -> None:
+        check_scope(scope, settings, bearer(credentials))
+
+    return check
+
+
+AuthDep = Depends(_require("admin"))
+ReadDep = Depends(_require("read"))
+ServiceDep = Depends(_require("service"))
 
 
 def running_job(request: Request) -> Any:
@@ -176,7 +226,7 @@ def install_common(app: FastAPI, role: str) -> None:
             raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, down)
         return {"status": "ready", "role": role}
 
-    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse, dependencies=[ReadDep])
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
@@ -205,6 +255,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": safe_errors(exc.errors())}, status_code=422)
+
+    @app.exception_handler(CapabilityError)
+    async def forbidden(_: Request, exc: CapabilityError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=403)
 
     @app.exception_handler(SchemaVersionError)
     @app.exception_handler(PayloadError)

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from mgrpo import datasets
 from mgrpo.config import JobConfig
 from services.api import CheckpointList, DatasetList, DatasetView, JobList, JobView, MetricsList
-from services.common import AuthDep, SettingsDep, StoreDep, install_common
+from services.common import AuthDep, ReadDep, SettingsDep, StoreDep, install_common
 from services.settings import get_settings
 from shared_store import Store, keys
 from shared_store.datasets import DatasetNotFoundError
@@ -94,13 +94,13 @@ def _too_large(limit: int) -> str:
     return f"the dataset is larger than {limit} bytes (MGRPO_MAX_DATASET_BYTES); split it, or use a file:// or s3:// URI in the job's dataset.source"
 
 
-@app.get("/v1/datasets", response_model=DatasetList, tags=["datasets"])
+@app.get("/v1/datasets", response_model=DatasetList, dependencies=[ReadDep], tags=["datasets"])
 def list_datasets(store: StoreDep) -> DatasetList:
     return DatasetList(datasets=[DatasetView(**d.model_dump(include=set(DatasetView.model_fields)))
                                  for d in store.datasets.list()])  # fmt: skip
 
 
-@app.get("/v1/datasets/{dataset_id}", response_model=DatasetView, tags=["datasets"])
+@app.get("/v1/datasets/{dataset_id}", response_model=DatasetView, dependencies=[ReadDep], tags=["datasets"])
 def get_dataset(dataset_id: str, store: StoreDep) -> DatasetView:
     info = store.datasets.info(dataset_id) if _DATASET_ID.match(dataset_id) else None
     if info is None:
@@ -176,7 +176,7 @@ def create_job(
     return job_view(store, record)
 
 
-@app.get("/v1/jobs", response_model=JobList, tags=["jobs"])
+@app.get("/v1/jobs", response_model=JobList, dependencies=[ReadDep], tags=["jobs"])
 def list_jobs(
     store: StoreDep,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
@@ -186,7 +186,7 @@ def list_jobs(
     return JobList(jobs=[job_view(store, r) for r in records], total=total, offset=offset, limit=limit)
 
 
-@app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"])
+@app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[ReadDep], tags=["jobs"])
 def get_job(job_id: str, store: StoreDep) -> JobView:
     return job_view(store, store.jobs.get(_checked(job_id)))
 
@@ -202,19 +202,21 @@ def resume_job(job_id: str, store: StoreDep) -> JobView:
     return job_view(store, store.jobs.resume(_checked(job_id)))
 
 
-@app.get("/v1/jobs/{job_id}/metrics", response_model=MetricsList, tags=["jobs"])
+@app.get("/v1/jobs/{job_id}/metrics", response_model=MetricsList, dependencies=[ReadDep], tags=["jobs"])
 def job_metrics(job_id: str, store: StoreDep) -> MetricsList:
     store.jobs.get(_checked(job_id))
     return MetricsList(job_id=job_id, records=[e for e in _events(store, job_id) if e.kind == "metrics"])
 
 
-@app.get("/v1/jobs/{job_id}/checkpoints", response_model=CheckpointList, tags=["jobs"])
+@app.get(
+    "/v1/jobs/{job_id}/checkpoints", response_model=CheckpointList, dependencies=[ReadDep], tags=["jobs"]
+)
 def job_checkpoints(job_id: str, store: StoreDep) -> CheckpointList:
     store.jobs.get(_checked(job_id))
     return CheckpointList(job_id=job_id, checkpoints=store.policies.checkpoints(job_id))
 
 
-@app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_class=StreamingResponse)
+@app.get("/v1/jobs/{job_id}/events", dependencies=[ReadDep], tags=["jobs"], response_class=StreamingResponse)
 async def job_events(job_id: str, store: StoreDep) -> StreamingResponse:
     """Server-sent events: every metrics record and event of the job, then `end` once it finished."""
     store.jobs.get(_checked(job_id))

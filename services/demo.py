@@ -167,7 +167,11 @@ def run_job(cluster: LocalCluster, job: JobConfig, out: Path, console: Console, 
     checkpoints = httpx.get(f"{base}/v1/jobs/{final['job_id']}/checkpoints", timeout=30).json()["checkpoints"]
     rows = _rows(records)
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return final, rows, {c["role"]: c["checkpoint"] for c in checkpoints}
+    return (
+        final,
+        rows,
+        {c["role"]: str(cluster.checkpoint_dir(c["role"]) / c["checkpoint"]) for c in checkpoints},
+    )
 
 
 def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str = "M-GRPO") -> dict[str, Any]:

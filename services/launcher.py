@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ class LocalCluster:
     run_dir: Path
     redis_url: str | None = None
     api_token: str = ""
+    service_token: str = ""  # '' with an api_token: a random one, so users' tokens cannot write episodes
     extra_env: dict[str, str] = field(default_factory=dict)
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per role, over extra_env
     roles: tuple[str, ...] = ROLES  # trainer roles, root first
@@ -47,17 +49,28 @@ class LocalCluster:
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
+    restarts: dict[str, int] = field(default_factory=dict)  # by `supervise`, per service (and "redis")
+    _started: dict[str, float] = field(default_factory=dict)  # monotonic time of each one's last start
+    _delay: dict[str, float] = field(default_factory=dict)  # its last backoff
+    _due: dict[str, float] = field(default_factory=dict)  # when a dead one restarts
 
     def url(self, role: str) -> str:
         return f"http://127.0.0.1:{self.ports[role]}"
 
+    def checkpoint_dir(self, role: str) -> Path:
+        """The role's checkpoint volume (the API shows checkpoint paths relative to it)."""
+        return self.run_dir / "checkpoints" / role
+
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
         self.run_dir = self.run_dir.resolve()
+        if self.api_token and not self.service_token:
+            self.service_token = secrets.token_urlsafe(24)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         if not self.redis_url:
             self.redis = RedisServer(self.run_dir / "redis", appendonly=True)
             self.redis.start()
             self.redis_url = self.redis.url
+            self._started["redis"] = time.monotonic()
         self.ports = self.ports or {r: free_port() for r in self.services}
         for role in self.services:
             self.start_role(role)
@@ -77,10 +90,11 @@ class LocalCluster:
             **os.environ,
             "REDIS_URL": self.redis_url or "",
             "MGRPO_API_TOKEN": self.api_token,
+            "MGRPO_SERVICE_TOKEN": self.service_token,
             "MGRPO_ROLE": "" if role == "controller" else role,
             "MGRPO_ROLE_URLS": json.dumps(callees),
             "MGRPO_SUBAGENT_URL": callees.get("subagent", ""),
-            "MGRPO_CHECKPOINT_DIR": str(self.run_dir / "checkpoints" / role),
+            "MGRPO_CHECKPOINT_DIR": str(self.checkpoint_dir(role)),
             "MGRPO_CONSUMER_NAME": f"local-{role}",
             "MGRPO_PUBLIC_URL": self.url(role),
             "PYTHONUNBUFFERED": "1",
@@ -105,6 +119,7 @@ class LocalCluster:
         ]
         self.procs[role] = subprocess.Popen(cmd, env=self.env(role), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)  # fmt: skip
+        self._started[role] = time.monotonic()
 
     def wait_ready(self, timeout_s: float, roles: tuple[str, ...] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
@@ -126,11 +141,46 @@ class LocalCluster:
                     )
                 time.sleep(0.1)
 
+    def supervise(self, *, min_up_s: float = 30.0, max_delay_s: float = 30.0) -> list[str]:
+        """Restart what died (a service, the embedded Redis) and return the names restarted. One that
+        ran `min_up_s` or longer restarts at once; one that dies sooner waits a backoff that doubles
+        (1 s, 2 s, … ≤ `max_delay_s`). Call it periodically (`mgrpo local up`: twice a second)."""
+        now, restarted = time.monotonic(), []
+        dead = [r for r, p in self.procs.items() if p.poll() is not None]
+        if self.redis is not None and (self.redis.proc is None or self.redis.proc.poll() is not None):
+            dead.insert(0, "redis")  # first: the services need it
+        for name in dead:
+            if name not in self._due:  # newly found dead
+                quick = now - self._started.get(name, now) < min_up_s
+                delay = min(max(self._delay.get(name, 0.5) * 2, 1.0), max_delay_s) if quick else 0.0
+                self._delay[name], self._due[name] = delay, now + delay
+            if now < self._due[name]:
+                continue
+            del self._due[name]
+            if name == "redis":
+                assert self.redis is not None
+                self.redis.start()
+                self._started[name] = time.monotonic()
+            else:
+                self.start_role(name)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            restarted.append(name)
+        return restarted
+
     def kill(self, role: str) -> None:
         """SIGKILL one service (no clean shutdown), as a crash would."""
         proc = self.procs.pop(role)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+    def terminate(self, role: str, timeout_s: float = 30.0) -> float:
+        """SIGTERM one service (a clean shutdown, as `docker stop` or Kubernetes does); returns the
+        seconds until it exited."""
+        proc = self.procs.pop(role)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+        return time.monotonic() - t0
 
     def stop(self) -> None:
         for proc in self.procs.values():

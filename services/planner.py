@@ -44,13 +44,14 @@ class PlannerRuntime:
             raise ValueError(
                 f"this service serves role {ROLE!r}, but the job's root role is {root!r}; start it with --role {root}"
             )
+        self.store.capabilities.issue_secret(job_id)  # signs this job's delegations and sessions
         clients = {r: self._client(r, cfg, job_id) for r in cfg.callee_trainers}
         common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
                                       device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
         custom = get_workflow(cfg.workflow).root_job  # a plugin's own root job class
         if cfg.engine == "openai_agents":  # the agent program reaches every role, this one included
             urls = {ROLE: s.public_url, **{r: s.callee_url(r) or "" for r in cfg.callee_trainers}}
-            common |= dict(role_urls=urls, api_key=s.api_token)
+            common |= dict(role_urls=urls)
         cls = import_string(custom) if custom else ROOT_JOBS.get(cfg.engine, PlannerJob)
         job: PlannerJob | MarsRootJob = cls(self.store, job_id, cfg, callees=clients, **common)
         self.job = job
@@ -69,8 +70,10 @@ class PlannerRuntime:
             raise ValueError(
                 f'no URL for the {role} service: set MGRPO_ROLE_URLS=\'{{"{role}": "http://…"}}\''
             )
-        return SubagentClient(url, self.settings.api_token, timeout_s=cfg.partner_timeout_s, role=role,
-                              cancelled=lambda: self.store.jobs.cancel_requested(job_id))  # fmt: skip
+        caps = self.store.capabilities
+        return SubagentClient(url, self.settings.service_credential, timeout_s=cfg.partner_timeout_s, role=role,
+                              cancelled=lambda: self.store.jobs.cancel_requested(job_id),
+                              sign=lambda b: caps.sign(b["job_id"], b["step"], b["query_id"], b["rollout"]))  # fmt: skip
 
 
 lifespan = trainer_lifespan(ROLE, PlannerRuntime, threads=256)

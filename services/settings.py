@@ -21,8 +21,18 @@ class Settings(BaseSettings):
         "redis://127.0.0.1:6379/0", validation_alias="REDIS_URL", description="The one Redis."
     )
     api_token: str = Field(
-        "", description="Bearer token required on every state-changing endpoint ('' disables auth)."
+        "",
+        description="The admin scope's bearer token: jobs, datasets, generation ('' turns auth off, local use only).",
     )
+    read_token: str = Field(
+        "",
+        description="The read scope's bearer token: GETs of jobs, metrics, datasets and policies ('' = none).",
+    )
+    service_token: str = Field(
+        "",
+        description="The service scope's bearer token: trainer-to-trainer calls, e.g. POST /v1/episodes ('' = the admin token, single-token mode).",
+    )
+    open_reads: bool = Field(False, description="Serve the read scope's GETs without a token (local use).")
     subagent_url: str = Field(
         "http://127.0.0.1:8002", description="Where the planner reaches the sub-agent service."
     )
@@ -67,6 +77,21 @@ class Settings(BaseSettings):
         ge=1,
         description="Largest job POST /v1/jobs takes: steps × prompts_per_step × rollouts_per_query (422 beyond it).",
     )
+
+    max_generate_prompt_tokens: int = Field(
+        1024, ge=1, description="Longest prompt POST /v1/generate takes, in tokens (422 beyond it)."
+    )
+    max_generate_new_tokens: int = Field(
+        512, ge=1, description="Most new tokens one POST /v1/generate may ask for (422 beyond it)."
+    )
+    shutdown_grace_s: int = Field(
+        1, ge=0, description="Seconds a stopping service lets in-flight requests finish after SIGTERM."
+    )
+
+    @property
+    def service_credential(self) -> str:
+        """The bearer token a trainer sends to another trainer."""
+        return self.service_token or self.api_token
 
     def callee_url(self, role: str) -> str | None:
         return self.role_urls.get(role) or (self.subagent_url if role == "subagent" else None)

@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request, Response, status
 from mgrpo.config import JobConfig
 from mgrpo.runtime import resolve_device
 from services.api import EpisodeRequest, EpisodeResponse
-from services.common import AuthDep, install_common, running_job
+from services.common import ServiceDep, install_common, running_job
 from services.generate import add_policy_routes
 from services.settings import get_settings
 from services.worker import service_role, trainer_lifespan
@@ -55,17 +55,19 @@ install_common(app, ROLE)
 JobDep = Annotated[Any, Depends(running_job)]
 
 
-@app.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[AuthDep], tags=["sub-agent"])
+@app.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[ServiceDep], tags=["sub-agent"])
 def run_episode(body: EpisodeRequest, job: JobDep, request: Request, response: Response) -> EpisodeResponse:
     """Run one delegated input with the current policy and record the episode in Redis. The
     `Server-Timing` header reports, in ms, the handler's time (`episode`), its Redis write (`store`) and
     how long the request waited between arriving and the handler starting (`queued`: parsing,
-    validation, a thread from the pool)."""
+    validation, a thread from the pool). Only for a delegation the job's root made: the service token
+    and the rollout's capability, else a 403 and nothing written."""
     t0 = time.perf_counter()
     queued_ms = (t0 - getattr(request.state, "arrived_s", t0)) * 1e3
     if job.job_id != body.job_id:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"this service is running job {job.job_id}, not "
                             f"{body.job_id}; retry shortly", headers={"Retry-After": "1"})  # fmt: skip
+    job.store.capabilities.check(body.capability, body.job_id, body.step, body.query_id, body.rollout)
     meta, store_s = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
     total_ms = (time.perf_counter() - t0) * 1e3
     response.headers["Server-Timing"] = (

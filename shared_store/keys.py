@@ -97,6 +97,12 @@ def job(job_id: str) -> str:
     return f"{_job(job_id)}:job"
 
 
+def delegation_secret(job_id: str) -> str:
+    """STRING: the job's random key that signs its delegations (created once by the root trainer;
+    read by the callee trainers; never served over HTTP)."""
+    return f"{_job(job_id)}:delegation_secret"
+
+
 def stream(job_id: str, name: StreamName) -> str:
     """STREAM of one job: planner_stats, batch.<role> or events."""
     return f"{_job(job_id)}:stream:{_check_stream(name)}"

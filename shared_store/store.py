@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import redis
 
 from shared_store.accounts import SampleAccounts
+from shared_store.capabilities import Capabilities
 from shared_store.connection import connect
 from shared_store.datasets import DatasetRegistry
 from shared_store.episodes import EpisodeStore
@@ -26,6 +27,7 @@ class Store:
     progress: Progress = field(init=False)
     accounts: SampleAccounts = field(init=False)
     datasets: DatasetRegistry = field(init=False)
+    capabilities: Capabilities = field(init=False)
 
     def __post_init__(self) -> None:
         self.jobs = JobRegistry(self.client)
@@ -35,6 +37,7 @@ class Store:
         self.progress = Progress(self.client, self.episodes)
         self.accounts = SampleAccounts(self.client)
         self.datasets = DatasetRegistry(self.client)
+        self.capabilities = Capabilities(self.client)
 
     def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
         """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy

@@ -177,7 +177,7 @@ class CalleeJob:
             ckpt = self.m.save(msg.step, push=bool(metrics))
         with timer("exchange_redis"):
             self.store.commit_step(PolicyVersion(job_id=self.job_id, role=r, version=self.version, step=msg.step,
-                                                 checkpoint=str(ckpt.path)), roles=self.cfg.trainer_roles, ledger=False)  # fmt: skip
+                                                 checkpoint=self.m.shown(ckpt.path)), roles=self.cfg.trainer_roles, ledger=False)  # fmt: skip
         rewards = np.array([s.reward for s in samples if not math.isnan(s.reward)] or [0.0])
         values = {
             **{f"{r}/{k}": v for k, v in metrics.items()}, **{f"{r}/{k}": v for k, v in extra.items()},

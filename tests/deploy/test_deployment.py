@@ -91,6 +91,16 @@ def test_gpu_values_put_each_role_on_its_own_gpu_node(values, kinds):
         )
 
 
+def test_the_secret_holds_every_scope_and_a_generated_service_token():
+    secret = next(d for d in render({"apiToken": "t", "readToken": "r"}) if d["kind"] == "Secret")[
+        "stringData"
+    ]
+    assert secret["MGRPO_API_TOKEN"] == "t" and secret["MGRPO_READ_TOKEN"] == "r"
+    assert len(secret["MGRPO_SERVICE_TOKEN"]) == 40  # users' tokens cannot call trainer endpoints
+    given = next(d for d in render({"apiToken": "t", "serviceToken": "s"}) if d["kind"] == "Secret")
+    assert given["stringData"]["MGRPO_SERVICE_TOKEN"] == "s"
+
+
 def test_external_redis_and_a_missing_token():
     docs = render({"apiToken": "t", "redis": {"enabled": False, "url": "rediss://:pw@redis.example:6380/0"}})
     assert "StatefulSet" not in {d["kind"] for d in docs}
@@ -102,13 +112,14 @@ def test_external_redis_and_a_missing_token():
         render({"apiToken": "t", "redis": {"enabled": False}})
 
 
-def compose(*args: str, token: str | None = "t") -> subprocess.CompletedProcess[str]:
+def compose(*args: str, token: str | None = "t", **extra: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose is not installed (make test installs Debian's package when it can)")
     env = {k: v for k, v in os.environ.items() if k != "MGRPO_API_TOKEN"}
     if token is not None:
         env["MGRPO_API_TOKEN"] = token
+    env |= extra
     return subprocess.run(
         [exe, "-f", str(ROOT / "docker-compose.yml"), *args],
         capture_output=True,
@@ -124,6 +135,10 @@ def test_compose_file_is_valid():
     assert compose("--profile", "marsrl", "config", "-q").returncode == 0
     no_token = compose("config", "-q", token=None)
     assert no_token.returncode != 0 and "MGRPO_API_TOKEN" in no_token.stderr
+    # where no registry is reachable: a base image and a Redis image of one's own
+    spec = yaml.safe_load(compose("config", MGRPO_BASE_IMAGE="base:1", MGRPO_REDIS_IMAGE="my/redis:1").stdout)
+    assert spec["services"]["redis"]["image"] == "my/redis:1"
+    assert spec["services"]["controller"]["build"]["args"]["PYTHON_IMAGE"] == "base:1"
 
 
 def commands_and_env() -> tuple[list[list[str]], set[str]]:

@@ -45,10 +45,19 @@ def assert_updated(role: str, start: str | Path, trained: str | Path, records: l
 
 
 @contextmanager
+def api_only_cluster(run_dir: Path, redis_url: str, token: str, **env: str) -> Iterator[LocalCluster]:
+    """The services as real processes without job workers (nothing trains: jobs stay queued). `env`:
+    more settings, e.g. MGRPO_MAX_DATASET_BYTES="4000"."""
+    with LocalCluster(run_dir, redis_url=redis_url, api_token=token,
+                      extra_env={"MGRPO_RUN_WORKER": "false", **env}) as cluster:  # fmt: skip
+        yield cluster
+
+
+@contextmanager
 def api_only(run_dir: Path, redis_url: str, token: str, **env: str) -> Iterator[httpx.Client]:
-    """The services as real processes without job workers (nothing trains: jobs stay queued), and
-    a client of the controller. `env`: more settings, e.g. MGRPO_MAX_DATASET_BYTES="4000"."""
-    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=token,
-                           extra_env={"MGRPO_RUN_WORKER": "false", **env})  # fmt: skip
-    with cluster, httpx.Client(base_url=cluster.url("controller"), timeout=30) as client:
+    """`api_only_cluster`, and a client of its controller."""
+    with (
+        api_only_cluster(run_dir, redis_url, token, **env) as cluster,
+        httpx.Client(base_url=cluster.url("controller"), timeout=30) as client,
+    ):
         yield client

@@ -25,7 +25,7 @@ from mgrpo.tasks.deep_research import make_questions
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
-from shared_store.schemas import PlannerStepStats, decode
+from shared_store.schemas import PlannerStepStats, decode, episode_id
 from shared_store.streams import get_step
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
 from tests.plugin_path import plugin_dist
@@ -73,7 +73,7 @@ def submit(cluster, config, **params):
 def wait(cluster, job_id, timeout_s=600, until=("succeeded", "failed", "cancelled")):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        job = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json()
+        job = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json()
         if job["status"] in until:
             return job
         time.sleep(0.5)
@@ -130,7 +130,7 @@ def test_co_train_two_steps(cluster, store, warm):
         ("subagent", 0),
         ("subagent", 1),
     ]
-    metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     planner_values = next(m for m in metrics if m["role"] == "planner")["values"]
     assert {"planner/reward_mean", "timing/rollout", "timing/exchange_redis"} <= set(planner_values)
     # delegations measured their HTTP + Redis time from the sub-agent's Server-Timing header
@@ -145,12 +145,18 @@ def test_co_train_two_steps(cluster, store, warm):
     assert (
         sub_values["subagent/samples"] == len(with_episodes) * 8 * 3
     )  # exactly K·D aligned samples per query
-    prom = httpx.get(f"{cluster.url('planner')}/metrics").text
+    prom = httpx.get(f"{cluster.url('planner')}/metrics", headers=H).text
     assert 'mgrpo_http_requests_total{code="200",path="/readyz",role="planner"}' in prom
-    ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
+    ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints", headers=H).json()[
+        "checkpoints"
+    ]
     assert {c["role"] for c in ckpts} == {"planner", "subagent"}
     for c in ckpts:  # every checkpoint is an ordinary HF folder
-        assert AutoModelForCausalLM.from_pretrained(c["checkpoint"]) is not None
+        assert not Path(c["checkpoint"]).is_absolute()  # shown relative to the role's volume
+        assert (
+            AutoModelForCausalLM.from_pretrained(cluster.checkpoint_dir(c["role"]) / c["checkpoint"])
+            is not None
+        )
 
 
 def test_main_only_freezes_the_subagent(cluster, warm):
@@ -215,7 +221,7 @@ def test_a_sub_agent_on_a_chat_model_and_a_judge_reward(cluster, store, warm, tm
     for role, start in (("planner", warm.planner_path), ("subagent", path)):
         before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
-    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     assert all(0 <= r["values"]["subagent/retokenize_drift"] <= 1 for r in records if r["role"] == "subagent")
     (stats,) = stream_messages(store, job_id, "planner_stats", PlannerStepStats)
     fmt = ChatFormat(
@@ -253,7 +259,7 @@ def test_http_tools_that_fail_are_counted_and_the_job_goes_on(cluster):
     job = wait(cluster, job_id)
     tools.server.shutdown()
     assert job["status"] == "succeeded", job["reason"]
-    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     sub = [r["values"] for r in records if r["role"] == "subagent"]
     calls, errors = sum(v["subagent/tool_calls"] for v in sub), sum(v["subagent/tool_errors"] for v in sub)
     assert tools.calls >= 60 and calls >= tools.calls  # every call counted, including those after the kill
@@ -283,12 +289,43 @@ def test_auth_validation_and_missing_jobs(cluster, store):
     r = httpx.post(f"{url}/v1/jobs", json={**SMALL, "nonsense": 1}, headers=H)
     assert r.status_code == 422 and "nonsense" in r.text
     assert store.jobs.list(limit=1)[1] == before  # nothing written
-    assert httpx.get(f"{url}/v1/jobs/no-such-job").status_code == 404
+    assert httpx.get(f"{url}/v1/jobs/no-such-job", headers=H).status_code == 404
     assert (
-        httpx.get(f"{url}/v1/jobs", params={"offset": 2**70}).status_code == 422
+        httpx.get(f"{url}/v1/jobs", headers=H, params={"offset": 2**70}).status_code == 422
     )  # was a 500 (schemathesis)
     assert httpx.post(f"{url}/v1/jobs/no-such-job/cancel", headers=H).status_code == 404
     assert httpx.post(f"{cluster.url('subagent')}/v1/episodes", json={}).status_code == 401
+
+
+def test_episode_injection_is_refused_and_writes_nothing(cluster, store):
+    """During a running job: a user's token, or the service token with another rollout's capability
+    (or none), is refused before anything runs or is recorded; the job trains on as before."""
+    job_id = submit(cluster, {**SMALL, "steps": 3})
+    url, deadline = cluster.url("subagent"), time.monotonic() + 300
+    while httpx.get(f"{url}/v1/policy", headers=H, timeout=10).json()["job_id"] != job_id:
+        assert time.monotonic() < deadline, "the sub-agent never took the job"
+        time.sleep(0.2)
+    body = {
+        "job_id": job_id,
+        "step": 2,
+        "query_id": "forged",
+        "rollout": 0,
+        "call": 0,
+        "subtask": "birth city of X",
+    }
+    service = {"Authorization": f"Bearer {cluster.service_token}"}
+    attempts = [
+        (H, store.capabilities.sign(job_id, 2, "forged", 0)),  # a user's token, even with a capability
+        (service, store.capabilities.sign(job_id, 2, "forged", 1)),  # another rollout's capability
+        (service, ""),
+    ]
+    for headers, capability in attempts:
+        r = httpx.post(
+            f"{url}/v1/episodes", json={**body, "capability": capability}, headers=headers, timeout=30
+        )
+        assert r.status_code == 403, r.text
+    assert store.episodes.get_one(job_id, 2, episode_id(2, "forged", 0, 0)) is None
+    assert wait(cluster, job_id)["status"] == "succeeded"
 
 
 def test_concurrent_submissions_all_succeed(cluster):
@@ -309,7 +346,9 @@ def test_cancel_stops_within_a_step(cluster, store):
     deadline = time.monotonic() + 300
     while store.ledger.last_step(job_id, "planner") < 0 and time.monotonic() < deadline:
         time.sleep(0.2)
-    prom = httpx.get(f"{cluster.url('planner')}/metrics").text  # the running job's training metrics as gauges
+    prom = httpx.get(
+        f"{cluster.url('planner')}/metrics", headers=H
+    ).text  # the running job's training metrics as gauges
     assert f'mgrpo_train{{job_id="{job_id}",name="planner/reward_mean"}}' in prom
     r = httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/cancel", headers=H)
     assert r.status_code == 200 and r.json()["cancel_requested"]
@@ -391,7 +430,7 @@ def test_pipelined_co_train_accounts_every_sample(cluster, store):
     totals = assert_accounted(store, job_id, keys.ROLES)
     assert job["samples"] == totals  # GET /v1/jobs/{id} reports the same accounts
     assert totals["planner"]["dropped"] == 0  # the schedule keeps every sample within the bound
-    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     planner = [r["values"] for r in rows if r["role"] == "planner"]
     assert all(v["planner/stale_beyond_bound"] == 0 for v in planner)
     # a step rolled out during the previous update trains stale samples, reweighted

@@ -60,7 +60,7 @@ def submit(cluster, config):
 def wait(cluster, job_id, timeout_s=900):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        job = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json()
+        job = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json()
         if job["status"] in ("succeeded", "failed", "cancelled"):
             return job
         time.sleep(0.5)
@@ -80,7 +80,7 @@ def test_three_models_three_trainers(cluster, store, warm):
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
     assert job["roles"] == list(ROLES) and job["steps_done"] == dict.fromkeys(ROLES, 1)
-    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     trained = [assert_updated(r, warm.path(r), final_checkpoint(cluster, r, job_id), records) for r in ROLES]
     assert any(trained), "no role had a gradient in either step"  # ~1e-4 at this warm start's accuracies
     for role in ("verifier", "corrector"):  # every group of a later agent shares one input
@@ -94,7 +94,9 @@ def test_three_models_three_trainers(cluster, store, warm):
             assert len({m.subtask for m, _ in metas}) == 1 and len(g.episodes) == 4, (role, g.group)
             assert all(e.reward in (0.0, 1.0) for e in g.episodes)
     assert {r["role"] for r in records} == set(ROLES)
-    ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
+    ckpts = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints", headers=H).json()[
+        "checkpoints"
+    ]
     assert sorted((c["role"], c["step"]) for c in ckpts) == sorted((r, s) for r in ROLES for s in (0, 1))
 
 
@@ -129,5 +131,5 @@ def test_kill_9_of_a_random_role_resumes_exactly_once(cluster, store):
     assert set(totals) == set(ROLES), totals
     for r, t in totals.items():
         assert t["produced"] > 0 and t["produced"] == t["trained"] + t["dropped"] + t["unaligned"], (r, t)
-    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     assert any(v["values"].get("solver/staleness_1", 0) > 0 for v in rows if v["role"] == "solver"), rows

@@ -59,7 +59,7 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
         deadline = time.monotonic() + 600
-        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json())["status"] in (
+        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
             "queued", "running"):  # fmt: skip
             assert time.monotonic() < deadline, view
             time.sleep(0.5)

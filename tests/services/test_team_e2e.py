@@ -56,7 +56,7 @@ def test_two_kinds_of_sub_agents_each_aligned_to_k_d(cluster, warm):
     assert r.status_code == 201, r.text
     job_id = r.json()["job_id"]
     deadline = time.monotonic() + 900
-    while (job := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json())[
+    while (job := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json())[
         "status"
     ] in ("queued", "running"):
         assert time.monotonic() < deadline, job
@@ -66,7 +66,7 @@ def test_two_kinds_of_sub_agents_each_aligned_to_k_d(cluster, warm):
     store = Store.connect(cluster.redis_url)
     ((_, fields),) = store.client.xrange(keys.stream(job_id, "planner_stats"))  # step 1 (GC trimmed step 0)
     stats = decode(PlannerStepStats, fields[b"data"])
-    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     for role in ("searcher", "comparer"):
         with_episodes = [q for q in stats.queries if any(ro.episodes.get(role) for ro in q.rollouts)]
         assert with_episodes, f"no rollout delegated to the {role}"
@@ -108,7 +108,7 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
         deadline = time.monotonic() + 900
-        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", timeout=10).json())["status"] in (
+        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
             "queued", "running"):  # fmt: skip
             assert time.monotonic() < deadline, view
             time.sleep(0.5)
@@ -122,7 +122,9 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
         ckpt = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1]
         before = dict(AutoModelForCausalLM.from_pretrained(str(starts[role])).named_parameters())
         after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
-        metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics").json()["records"]
+        metrics = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()[
+            "records"
+        ]
         mine = [m["values"] for m in metrics if m["role"] == role]
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved: {mine}"
     store = Store.connect(cluster.redis_url)

@@ -1,0 +1,117 @@
+"""`POST /v1/generate` on a trainer's running job: the caps on prompt and new tokens, and the model's
+context; the chat routes' capability check (Redis is real). The routes are mounted on an app of their own (FastAPI's TestClient, in process) over a real
+tiny model and its real `hf` engine: a live job's engine is busy with rollouts, which would make the
+timing checks race; the routes are the same functions the trainer services mount."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from mgrpo.engines.hf import HFEngine
+from mgrpo.models import build_model, train_tokenizer
+from services.common import install_common
+from services.generate import add_chat_routes, add_policy_routes
+from services.settings import Settings, get_settings
+from shared_store import Store
+
+TEXTS = ["Ada Nuth was born in Dodus in 1984. Nuth works for Cougeith Corp."] * 20
+
+
+@pytest.fixture(scope="module")
+def client():
+    tok = train_tokenizer(TEXTS, 300)
+    model = build_model("tiny", tok, seed=0, max_positions=256)
+    engine = HFEngine(model, tok)
+    job = SimpleNamespace(job_id="j", version=3, m=SimpleNamespace(engine=engine, tokenizer=tok, model=model))
+    app = FastAPI()
+    install_common(app, "planner")
+    add_policy_routes(app, "planner", lambda _request: job)
+    app.dependency_overrides[get_settings] = lambda: Settings(
+        api_token="", max_generate_prompt_tokens=64, max_generate_new_tokens=32
+    )
+    with TestClient(app) as c:
+        yield c
+    engine.close()
+
+
+def test_a_prompt_within_the_caps_generates(client):
+    r = client.post("/v1/generate", json={"prompt": "Ada Nuth was", "max_new_tokens": 8, "seed": 1})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["policy_version"] == 3 and 1 <= len(out["token_ids"]) <= 8
+    assert len(out["logprobs"]) == len(out["token_ids"])
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"prompt": "Ada Nuth was born " * 40, "max_new_tokens": 8}, "MGRPO_MAX_GENERATE_PROMPT_TOKENS"),
+        ({"prompt": "Ada", "max_new_tokens": 33}, "MGRPO_MAX_GENERATE_NEW_TOKENS"),
+    ],
+    ids=["long-prompt", "many-new-tokens"],
+)
+def test_over_a_cap_is_a_fast_422_naming_the_setting(client, body, says):
+    t0 = time.perf_counter()
+    r = client.post("/v1/generate", json=body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["detail"]
+    assert time.perf_counter() - t0 < 1.0  # refused before any forward pass
+
+
+def test_prompt_and_budget_beyond_the_context_is_a_422(client):
+    client.app.dependency_overrides[get_settings] = lambda: Settings(
+        api_token="", max_generate_prompt_tokens=10_000, max_generate_new_tokens=10_000
+    )
+    try:
+        r = client.post("/v1/generate", json={"prompt": "Ada Nuth was born " * 20, "max_new_tokens": 200})
+    finally:
+        client.app.dependency_overrides[get_settings] = lambda: Settings(
+            api_token="", max_generate_prompt_tokens=64, max_generate_new_tokens=32
+        )
+    assert r.status_code == 422, r.text
+    assert "context of 256 tokens" in r.json()["detail"]
+
+
+@pytest.fixture
+def chat_app(redis_url, job_id):
+    """The chat routes over a job that records every call it serves, and a real Redis for capabilities."""
+    store = Store.connect(redis_url)
+    store.capabilities.issue_secret(job_id)
+    served = []
+    job = SimpleNamespace(job_id=job_id, store=store,
+                          chat_completion=lambda session, body: served.append(session) or {"object": "chat.completion"})  # fmt: skip
+    app = FastAPI()
+    install_common(app, "searcher")
+    add_chat_routes(app, "searcher", lambda _request: job)
+    app.dependency_overrides[get_settings] = lambda: Settings(api_token="admin")
+    with TestClient(app) as c:
+        yield c, store, served
+
+
+def test_a_session_call_needs_its_rollouts_capability(chat_app, job_id):
+    """The agent program's API key is its run's capability: a user's admin token, or another run's
+    capability, records nothing."""
+    client, store, served = chat_app
+    msg = {"messages": [{"role": "user", "content": "hi"}]}
+    own = store.capabilities.sign(job_id, 2, "q7", 1)
+    other = store.capabilities.sign(job_id, 2, "q7", 0)
+    for token in ("admin", other):
+        r = client.post(
+            "/v1/s/2.q7.1/chat/completions", json=msg, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert r.status_code == 403 and "capability" in r.json()["detail"], r.text
+        r = client.post("/v1/chat/completions", json={**msg, "user": "2.q7.1"},
+                        headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        assert r.status_code == 403, r.text
+    assert served == []
+    r = client.post("/v1/s/2.q7.1/chat/completions", json=msg, headers={"Authorization": f"Bearer {own}"})
+    assert r.status_code == 200 and served == ["2.q7.1"]
+    r = client.post("/v1/chat/completions", json=msg, headers={"Authorization": f"Bearer {own}"})
+    assert r.status_code == 401  # outside a session a capability is no token
+    r = client.post("/v1/chat/completions", json=msg, headers={"Authorization": "Bearer admin"})
+    assert r.status_code == 200 and served == ["2.q7.1", None]

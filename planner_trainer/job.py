@@ -46,7 +46,7 @@ from shared_store.schemas import (
     QueryStats,
     RolloutStat,
 )
-from shared_store.streams import publish_metrics, publish_step
+from shared_store.streams import publish_metrics
 
 log = logging.getLogger("mgrpo.planner")
 # Delegations of held-out evaluation and of POST /v1/rollouts are recorded under these steps; no trainer reads them.
@@ -89,14 +89,6 @@ class PlannerJob(RootJob):
             scores = self._score(questions, transcripts, self.cfg.rollouts_per_query)
             samples, correct = planner_samples(qids, transcripts, scores.values, self.cfg.rollouts_per_query,
                                                self.m.engine.weights_version)  # fmt: skip
-        with timer("exchange_redis"):
-            stats = self._query_stats(samples, correct, delegations)
-            publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
-                         policy_version=self.version, queries=stats))  # fmt: skip
-            self.store.accounts.record(self.job_id, "planner", step, produced=len(samples))
-            for role in self.remote if self.cfg.mode == "co_train" else ():
-                self.store.accounts.record(self.job_id, role, step, first_wins=True, produced=sum(
-                    len(set(r.episodes.get(role, []))) for q in stats for r in q.rollouts))  # fmt: skip
         exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
         every = [d for dels in delegations for d in dels]
         values = {
@@ -109,6 +101,14 @@ class PlannerJob(RootJob):
             "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
             "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
         }  # fmt: skip
+        with timer("exchange_redis"):
+            stats = self._query_stats(samples, correct, delegations)
+            message = PlannerStepStats(
+                job_id=self.job_id, step=step, policy_version=self.version, queries=stats
+            )
+            produced = {role: sum(len(set(r.episodes.get(role, []))) for q in stats for r in q.rollouts)
+                        for role in (self.remote if self.cfg.mode == "co_train" else ())}  # fmt: skip
+            self.publish_produced(step, [("planner_stats", message)], samples, values, produced)
         return Rollouts(step, samples, timer, values)
 
     def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:

@@ -31,7 +31,7 @@ from planner_trainer.delegate import PartnerError, SubagentClient
 from planner_trainer.root import Rollouts, RootJob
 from shared_store import Store, keys
 from shared_store.schemas import EpisodeGroup, MetricsEvent, PolicyVersion, RoleBatch, ScoredEpisode
-from shared_store.streams import publish_metrics, publish_step
+from shared_store.streams import publish_metrics
 
 TRAIN_POOL = 3000  # train problems a job draws its steps from
 
@@ -75,19 +75,17 @@ class MarsRootJob(RootJob):
             for a in attempts
             if a.role in self.local
         ]  # fmt: skip
+        values = attempt_metrics(attempts)
         with timer("exchange_redis"):
-            for role in self.remote:
-                batch = role_batch(self.job_id, step, self.version, role, attempts)
-                publish_step(self.store.client, keys.batch_stream(role), batch)
-                self.store.accounts.record(
-                    self.job_id,
-                    role,
-                    step,
-                    first_wins=True,
-                    produced=len({e.episode_id for g in batch.groups for e in g.episodes}),
-                )
-            self.store.accounts.record(self.job_id, self.root, step, produced=len(samples))
-        return Rollouts(step, samples, timer, attempt_metrics(attempts))
+            batches = {
+                role: role_batch(self.job_id, step, self.version, role, attempts) for role in self.remote
+            }
+            produced = {
+                role: len({e.episode_id for g in b.groups for e in g.episodes}) for role, b in batches.items()
+            }
+            messages = [(keys.batch_stream(role), b) for role, b in batches.items()]
+            self.publish_produced(step, messages, samples, values, produced)
+        return Rollouts(step, samples, timer, values)
 
     def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
         step, samples, timer = rollouts.step, rollouts.samples, rollouts.timer

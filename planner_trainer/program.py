@@ -33,7 +33,6 @@ from planner_trainer.job import PlannerJob, log
 from planner_trainer.root import Rollouts
 from shared_store import EpisodeArrays
 from shared_store.schemas import PlannerStepStats, QueryStats, RolloutStat
-from shared_store.streams import publish_step
 
 Program = Callable[[str, dict[str, str], str], str]  # (query, base URL per role, api key) -> answer
 
@@ -123,20 +122,19 @@ class ProgramRootJob(PlannerJob):
                 episodes={r: calls[r][qi][k] for r in self.remote}) for k in range(K)],
                 reward_mean=finite_mean(correct[qi * K:(qi + 1) * K]), reward_std=float(np.nanstd(correct[qi * K:(qi + 1) * K])))
                 for qi, qid in enumerate(qids)]  # fmt: skip
-            publish_step(self.store.client, "planner_stats", PlannerStepStats(job_id=self.job_id, step=step,
-                         policy_version=self.version, queries=stats))  # fmt: skip
-            for r in self.remote:
-                self.store.accounts.record(self.job_id, r, step, first_wins=True,
-                                           produced=sum(len(e) for per_q in calls[r] for e in per_q))  # fmt: skip
             samples = self._own_samples(step, qids, calls["planner"], correct)
-            self.store.accounts.record(self.job_id, "planner", step, produced=len(samples))
-        values = {
-            "planner/success": finite_mean(correct), "planner/reward_mean": finite_mean(correct),
-            "planner/program_errors": float(self.program_errors - errors_before),
-            "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
-            **{f"{r}/calls": float(sum(len(e) for per_q in calls[r] for e in per_q)) for r in calls},
-            **{f"planner/{k}": v for k, v in self.sessions.take_counts().items()},
-        }  # fmt: skip
+            values = {
+                "planner/success": finite_mean(correct), "planner/reward_mean": finite_mean(correct),
+                "planner/program_errors": float(self.program_errors - errors_before),
+                "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
+                **{f"{r}/calls": float(sum(len(e) for per_q in calls[r] for e in per_q)) for r in calls},
+                **{f"planner/{k}": v for k, v in self.sessions.take_counts().items()},
+            }  # fmt: skip
+            message = PlannerStepStats(
+                job_id=self.job_id, step=step, policy_version=self.version, queries=stats
+            )
+            produced = {r: sum(len(e) for per_q in calls[r] for e in per_q) for r in self.remote}
+            self.publish_produced(step, [("planner_stats", message)], samples, values, produced)
         return Rollouts(step, samples, timer, values)
 
     def _own_samples(self, step: int, qids: list[str], calls: list[list[list[str]]], correct: list[float]) -> list[Sample]:  # fmt: skip

@@ -11,24 +11,34 @@ included, has applied step s − 1 − S — so no sample is more than S version
 trains. The root's own samples wait for its trainer in an in-process queue; `timing/wait_partner` is
 the rollout side's wait for the callee roles, `timing/wait_trainer` its wait for the root's own
 update, `timing/period` the time between two finished steps (the pipeline's throughput).
+
+A produced step is published once: its messages to the callees and the root's own samples in one
+MULTI (`publish_produced`). A root restarted after that (killed before its ledger mark) trains on the
+published samples (`produce_once`, metric `<root>/step_reused`) instead of rolling the step again.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
 from mgrpo.role_model import RoleModel
 from mgrpo.sample import Sample
 from mgrpo.timing import PhaseTimer
 from planner_trainer.partners import wait_applied
-from shared_store import Store
+from shared_store import EpisodeArrays, Store
 from shared_store.jobs import JobCancelled
+from shared_store.schemas import RootSampleMeta, StepMessage
+
+log = logging.getLogger("mgrpo.root")
 
 
 @dataclass
@@ -66,7 +76,7 @@ class RootJob:
         if self.cfg.max_staleness == 0:
             for step in range(self.start_step, self.cfg.steps):
                 self._check_cancel()
-                self._done(self.train(self.produce(step)), on_step)
+                self._done(self.train(self.produce_once(step)), on_step)
         else:
             self._run_pipelined(on_step)
         self.finish()
@@ -78,7 +88,7 @@ class RootJob:
             try:
                 for step in range(self.start_step, self.cfg.steps):
                     self._check_cancel()
-                    handoff.put(self.produce(step))
+                    handoff.put(self.produce_once(step))
             except _Stopped:
                 return
             except BaseException as exc:  # the trainer side raises it
@@ -142,7 +152,40 @@ class RootJob:
         return {**rollouts.timer.values(), "timing/period": period}
 
     def produce(self, step: int) -> Rollouts:
+        """Roll the step out, score it, and `publish_produced` it."""
         raise NotImplementedError
+
+    def publish_produced(self, step: int, messages: Sequence[tuple[str, StepMessage]], samples: list[Sample],
+                         values: dict[str, float], produced: dict[str, int]) -> None:  # fmt: skip
+        """Hand every callee role its share of the step (`messages`) and keep the root's own samples
+        beside them, atomically (`store.root_steps`); then account what each queue was handed."""
+        kept = [(RootSampleMeta(job_id=self.job_id, step=step, policy_version=s.policy_version, index=i, role=s.role,
+                                group=s.group, reward=None if math.isnan(s.reward) else s.reward,
+                                prompt_len=s.transcript.prompt_len, episode_id=s.episode_id, n_tokens=0),
+                 EpisodeArrays.of(s.transcript.token_ids, s.transcript.logp, s.transcript.mask))
+                for i, s in enumerate(samples)]  # fmt: skip
+        self.store.root_steps.publish(self.job_id, step, messages, kept, values, produced)
+        self._account_produced(step, len(samples), produced)
+
+    def _account_produced(self, step: int, n_own: int, produced: dict[str, int]) -> None:
+        for role, n in produced.items():  # a callee's first message's count stands
+            self.store.accounts.record(self.job_id, role, step, first_wins=True, produced=n)
+        self.store.accounts.record(self.job_id, self.m.role, step, produced=n_own)
+
+    def produce_once(self, step: int) -> Rollouts:
+        """The step as this root already published it before a restart (trained on as it was), else a
+        new roll."""
+        kept = self.store.root_steps.get(self.job_id, step)
+        if kept is None:
+            return self.produce(step)
+        samples = [Sample(m.role, m.group, Transcript(a.token_ids.tolist(), a.logp.tolist(), a.loss_mask.tolist(),
+                                                      m.prompt_len), math.nan if m.reward is None else m.reward,
+                          policy_version=m.policy_version, episode_id=m.episode_id) for m, a in kept.samples]  # fmt: skip
+        self._account_produced(step, len(samples), kept.produced)
+        log.info(
+            "job %s: step %d was published before a restart; training on it as it was", self.job_id, step
+        )
+        return Rollouts(step, samples, PhaseTimer(), {**kept.values, f"{self.m.role}/step_reused": 1.0})
 
     def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
         """Train on one produced step; returns (step, the step's metrics)."""

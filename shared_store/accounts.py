@@ -2,10 +2,10 @@
 did with it. The root trainer writes `produced` (its own samples of a step; for a callee role, the
 episodes the step's message hands it), each trainer writes `trained`, `dropped` (beyond the
 staleness bound, `stale_samples: drop`) and `unaligned` (episodes trajectory alignment left out).
-Counts are set per step, never added. A root that restarts rolls an unfinished step out again: its
-own counts are replaced (it trains the new roll), a callee's `produced` keeps the first message's
-(`first_wins`: the callee's ledger skips a step's second message). Summed over a finished job,
-produced = trained + dropped + unaligned for every role."""
+Counts are set per step, never added. A root that restarts trains a step it had published as it was
+(`shared_store.root_steps`) and sets the same counts again; a callee's `produced` keeps the first
+message's (`first_wins`). Summed over a finished job, produced = trained + dropped + unaligned for
+every role."""
 
 from __future__ import annotations
 

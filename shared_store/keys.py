@@ -118,6 +118,12 @@ def step_episodes(job_id: str, step: int) -> str:
     return f"{_job(job_id)}:episodes:{int(step)}"
 
 
+def root_step(job_id: str, step: int) -> str:
+    """HASH: a root trainer's own produced step (its samples, metrics and what it handed each callee),
+    written with the step's messages, so a restarted root trains on it instead of rolling it again."""
+    return f"{_job(job_id)}:root_step:{int(step)}"
+
+
 def ledger(job_id: str) -> str:
     """HASH `<role>:<step>` → LedgerEntry JSON: which steps each trainer has applied."""
     return f"{_job(job_id)}:ledger"

@@ -180,6 +180,23 @@ class EpisodeMeta(StepMessage):
         return f"episode:{data.get('job_id', '')}:{data.get('episode_id', '')}"
 
 
+class RootSampleMeta(StepMessage):
+    """One of a root trainer's own samples of a produced step; its arrays travel beside it (codec)."""
+
+    index: int = Field(ge=0)
+    role: RoleName
+    group: str
+    reward: float | None  # None: unscorable (NaN)
+    prompt_len: int = Field(ge=0)
+    episode_id: str = ""
+    n_tokens: int = Field(ge=0)
+    checksum: int = 0
+
+    @classmethod
+    def identity(cls, data: dict[str, Any]) -> str:
+        return f"root_sample:{data.get('job_id', '')}:{data.get('step', '')}:{data.get('index', '')}"
+
+
 class PolicyVersion(WireModel):
     job_id: str
     role: RoleName

@@ -14,6 +14,7 @@ from shared_store.episodes import EpisodeStore
 from shared_store.jobs import JobRegistry
 from shared_store.ledger import StepLedger
 from shared_store.policy import PolicyRegistry, Progress
+from shared_store.root_steps import RootSteps
 from shared_store.schemas import LedgerEntry, PolicyVersion
 
 
@@ -28,6 +29,7 @@ class Store:
     accounts: SampleAccounts = field(init=False)
     datasets: DatasetRegistry = field(init=False)
     capabilities: Capabilities = field(init=False)
+    root_steps: RootSteps = field(init=False)
 
     def __post_init__(self) -> None:
         self.jobs = JobRegistry(self.client)
@@ -38,6 +40,7 @@ class Store:
         self.accounts = SampleAccounts(self.client)
         self.datasets = DatasetRegistry(self.client)
         self.capabilities = Capabilities(self.client)
+        self.root_steps = RootSteps(self.client)
 
     def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
         """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy

@@ -48,12 +48,23 @@ def publish_step(
     client: redis.Redis, name: keys.StreamName, message: StepMessage, *, ttl_s: int = STEP_RECORD_TTL_S
 ) -> str:
     """Write a step message under its per-step key and XADD it to the job's stream, atomically."""
-    payload = encode(message)
     pipe = client.pipeline(transaction=True)
-    pipe.set(keys.step_record(message.job_id, name, message.step), payload, ex=ttl_s)
-    pipe.xadd(keys.stream(message.job_id, name), {"data": payload}, maxlen=DEFAULT_MAXLEN, approximate=True)
+    stage_step(pipe, name, message, ttl_s=ttl_s)
     _, entry = pipe.execute()
     return as_str(entry)
+
+
+def stage_step(
+    pipe: redis.client.Pipeline,
+    name: keys.StreamName,
+    message: StepMessage,
+    *,
+    ttl_s: int = STEP_RECORD_TTL_S,
+) -> None:
+    """Queue `publish_step`'s two commands (SET, XADD) on a MULTI pipeline another writer executes."""
+    payload = encode(message)
+    pipe.set(keys.step_record(message.job_id, name, message.step), payload, ex=ttl_s)
+    pipe.xadd(keys.stream(message.job_id, name), {"data": payload}, maxlen=DEFAULT_MAXLEN, approximate=True)
 
 
 def publish_metrics(client: redis.Redis, event: MetricsEvent) -> None:

@@ -3,16 +3,23 @@ rollouts run ahead of the updates, and how a failure or a cancel ends the pipeli
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
+from mgrpo.sample import Sample
 from mgrpo.timing import PhaseTimer
 from planner_trainer.root import Rollouts, RootJob
-from shared_store import Store
+from shared_store import Store, keys
 from shared_store.jobs import JobCancelled
+from shared_store.schemas import LedgerEntry, PlannerStepStats
+from shared_store.streams import get_step
 
 
 class _Version:
@@ -92,3 +99,64 @@ def test_cancel_stops_the_pipeline(store, job_id):
     with pytest.raises(JobCancelled):
         job.run()
     assert len([k for k in job.spans if k[0] == "train"]) < 50
+
+
+class Publishing(RootJob):
+    """Each rollout publishes a step message to the callees and its own samples (random tokens, a
+    NaN reward among them); `die_in_train` raises in the update, as a crash between publishing a step
+    and marking it in the ledger would."""
+
+    def __init__(self, store, job_id, cfg, *, start_step=0, die_in_train=-1):
+        self.store, self.job_id, self.cfg = store, job_id, cfg
+        self.m = SimpleNamespace(version=0, role="planner")
+        self.start_step, self.remote, self.die_in_train = start_step, ("subagent",), die_in_train
+        self.rolled, self.trained = [], {}
+
+    def produce(self, step):
+        self.rolled.append(step)
+        rng = random.Random(f"{step}:{len(self.rolled)}")  # a second roll of a step differs
+        samples = [Sample("planner", f"q{i // 2}", Transcript([rng.randrange(300) for _ in range(9)],
+                          [rng.random() - 1 for _ in range(9)], [0, 0, 0, 1, 1, 1, 0, 1, 1], 3),
+                          math.nan if i == 1 else rng.random(), policy_version=step) for i in range(4)]  # fmt: skip
+        message = PlannerStepStats(job_id=self.job_id, step=step, policy_version=step, queries=[])
+        self.publish_produced(
+            step, [("planner_stats", message)], samples, {"planner/x": float(step)}, {"subagent": 6}
+        )
+        return Rollouts(step, samples, PhaseTimer())
+
+    def train(self, rollouts):
+        if rollouts.step == self.die_in_train:
+            raise RuntimeError("killed")
+        self.trained[rollouts.step] = rollouts
+        self.store.ledger.mark(
+            LedgerEntry(job_id=self.job_id, role="planner", step=rollouts.step, policy_version=1)
+        )
+        return rollouts.step, rollouts.values
+
+    def finish(self):
+        pass
+
+
+def test_a_restarted_root_trains_the_step_it_published_not_a_new_roll(store, job_id):
+    cfg = JobConfig(steps=3, max_staleness=0)
+    first = Publishing(store, job_id, cfg, die_in_train=1)
+    with pytest.raises(RuntimeError, match="killed"):
+        first.run()
+    published = get_step(store.client, PlannerStepStats, job_id, "planner_stats", 1)
+    assert first.rolled == [0, 1] and published is not None
+    restarted = Publishing(store, job_id, cfg, start_step=1)
+    restarted.run()
+    assert restarted.rolled == [2]  # step 1 came from the store, not from a new roll
+    again = restarted.trained[1]
+    kept = store.root_steps.get(job_id, 1)
+    assert kept is not None
+    reused = again.samples
+    assert [s.transcript.token_ids for s in reused] == [m_a[1].token_ids.tolist() for m_a in kept.samples]
+    # the very samples the first run produced: tokens, log-probs, mask, prompt, reward (NaN kept), group
+    rng = random.Random("1:2")
+    tokens = [rng.randrange(300) for _ in range(9)]
+    assert reused[0].transcript.token_ids == tokens and reused[0].transcript.prompt_len == 3
+    assert math.isnan(reused[1].reward) and [s.group for s in reused] == ["q0", "q0", "q1", "q1"]
+    assert again.values == {"planner/x": 1.0, "planner/step_reused": 1.0}
+    assert store.accounts.totals(job_id)["planner"]["produced"] == 12  # 4 a step, step 1 once
+    assert len(store.client.xrange(keys.stream(job_id, "planner_stats"))) == 3  # one message a step

@@ -440,15 +440,26 @@ def test_pipelined_co_train_accounts_every_sample(cluster, store):
 
 
 def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
-    """Pipelined (max_staleness 1): a killed trainer resumes after its last ledger step; the planner's
-    rolled-out, untrained step is rolled out again; every step is trained once, nothing is lost."""
+    """Pipelined (max_staleness 1): a killed trainer resumes after its last ledger step; a step the
+    planner had published but not trained is trained as it was (the sub-agent already holds its
+    statistics), not rolled again; every step is trained once, nothing is lost."""
     job_id = submit(cluster, {**SMALL, "steps": 5, "max_staleness": 1})
     wait_ledger(store, job_id, "subagent", 0)
     cluster.kill("subagent")  # SIGKILL mid-job: the planner's delegations fail until it is back
     cluster.start_role("subagent")
     cluster.wait_ready(120, ("subagent",))
     wait_ledger(store, job_id, "planner", 2)
+    deadline = time.monotonic() + 300  # step 3 published (its rollout ran ahead of the update)
+    while get_step(store.client, PlannerStepStats, job_id, "planner_stats", 3) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     cluster.kill("planner")
+    trained = store.ledger.last_step(job_id, "planner")  # 2, or 3 if it trained step 3 in the meantime
+    published = {
+        s
+        for s in range(trained + 1, 5)
+        if get_step(store.client, PlannerStepStats, job_id, "planner_stats", s)
+    }
     cluster.start_role("planner")
     cluster.wait_ready(120, ("planner",))
     job = wait(cluster, job_id)
@@ -459,6 +470,9 @@ def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
     )  # every step exactly once
     assert job["policy_versions"] == {"planner": 5, "subagent": 5}
     assert_accounted(store, job_id, keys.ROLES)
+    rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
+    reused = {r["step"] for r in rows if r["role"] == "planner" and r["values"].get("planner/step_reused")}
+    assert reused == published and (trained == 3 or 3 in reused), (reused, published, trained)
 
 
 def test_rollouts_through_sglang_servers(tmp_path, warm):

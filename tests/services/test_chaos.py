@@ -1,0 +1,90 @@
+"""Chaos: SIGKILL a random part of a running `mgrpo local up` cluster (either trainer, the controller
+or the embedded Redis) at a random time in each of 5 short jobs, with the cluster's own supervisor
+(`LocalCluster.supervise`, what `local up` runs) bringing it back: every job succeeds, every step is
+in each role's ledger exactly once, every training queue is accounted. Seeded (`MGRPO_CHAOS_SEED`),
+so a failure can be replayed."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mgrpo.config import JobConfig
+from mgrpo.runtime import warmstart_config
+from mgrpo.warmstart import cached_warmstart
+from services.launcher import LocalCluster
+from shared_store import Store, keys
+from tests.services.test_e2e import assert_accounted
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
+TOKEN = "chaos-token"
+H = {"Authorization": f"Bearer {TOKEN}"}
+TRIALS = 5
+JOB = {"steps": 3, "prompts_per_step": 2, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
+       "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
+
+
+def job_status(url, job_id):
+    """The job's status, riding out the controller's own restart."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            assert time.monotonic() < deadline, "the controller never came back"
+            time.sleep(0.5)
+
+
+def test_random_kills_lose_no_job_and_no_step(tmp_path):
+    cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    rng = random.Random(int(os.environ.get("MGRPO_CHAOS_SEED", "17")))
+    cluster = LocalCluster(tmp_path, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)})
+    stop = threading.Event()
+
+    def supervisor() -> None:
+        while not stop.is_set():
+            cluster.supervise()
+            stop.wait(0.2)
+
+    with cluster:
+        keeper = threading.Thread(target=supervisor, daemon=True)
+        keeper.start()
+        url, store, killed = cluster.url("controller"), Store.connect(cluster.redis_url), []
+        try:
+            for trial in range(TRIALS):
+                staleness = rng.choice([0, 1])
+                job_id = f"chaos-{trial}"
+                r = httpx.post(f"{url}/v1/jobs", params={"job_id": job_id}, json={**JOB, "max_staleness": staleness},
+                               headers=H, timeout=30)  # fmt: skip
+                assert r.status_code == 201, r.text
+                while job_status(url, job_id)["status"] == "queued":
+                    time.sleep(0.2)
+                time.sleep(rng.uniform(0.5, 12.0))  # somewhere in the job: rollouts, an update, a checkpoint
+                victim = rng.choice(["planner", "subagent", "controller", "redis"])
+                if victim == "redis":
+                    cluster.redis.kill()
+                else:
+                    cluster.procs[victim].kill()  # SIGKILL; the supervisor restarts it
+                killed.append((job_id, victim))
+                deadline = time.monotonic() + 900
+                while (job := job_status(url, job_id))["status"] not in ("succeeded", "failed", "cancelled"):
+                    assert time.monotonic() < deadline, f"{job_id} stuck after killing {victim}: {job}"
+                    time.sleep(0.5)
+                assert job["status"] == "succeeded", (victim, job["reason"])
+                marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
+                assert marks == sorted((r, s) for r in keys.ROLES for s in range(JOB["steps"])), (
+                    victim,
+                    marks,
+                )
+                assert_accounted(store, job_id, keys.ROLES)
+        finally:
+            stop.set()
+            keeper.join(5)
+    print(f"chaos: {TRIALS} trials passed; killed {killed}; restarts {cluster.restarts}")

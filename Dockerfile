@@ -19,17 +19,18 @@ WORKDIR /app
 # Dependencies first (a layer that changes only with pyproject.toml), the source after.
 COPY pyproject.toml README.md ./
 COPY pyproject.toml wheelhouse* /tmp/wheelhouse/
+# pip reads its index settings from the environment: the wheelhouse when there is one, else the indexes
+RUN echo 'if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; \
+    else export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/'"${TORCH_VARIANT}"'; fi' > /tmp/pip-source.sh
 RUN mkdir -p mgrpo shared_store planner_trainer subagent_trainer services \
  && for p in mgrpo shared_store planner_trainer subagent_trainer services; do touch $p/__init__.py; done \
- && if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then pip install --no-index --find-links /tmp/wheelhouse . ; \
-    else pip install --extra-index-url https://download.pytorch.org/whl/${TORCH_VARIANT} . ; fi \
- && pip uninstall -y mgrpo && rm -rf /tmp/wheelhouse
+ && . /tmp/pip-source.sh && pip install . && pip uninstall -y mgrpo
 COPY mgrpo ./mgrpo
 COPY shared_store ./shared_store
 COPY planner_trainer ./planner_trainer
 COPY subagent_trainer ./subagent_trainer
 COPY services ./services
-RUN pip install --no-deps .
+RUN . /tmp/pip-source.sh && pip install --no-deps . && rm -rf /tmp/wheelhouse /tmp/pip-source.sh
 
 USER mgrpo
 VOLUME ["/data"]

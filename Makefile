@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test tools lint typecheck pytest setup clean
+.PHONY: demo test tools lint typecheck pytest setup clean compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,16 @@ tools:
 	  || echo "docker-compose could not be installed: the compose check will be skipped"
 
 test: tools lint typecheck pytest
+
+# `docker compose up` for real on a machine without an image registry (root; Debian's packages):
+# a Docker engine, a base image from debootstrap, a wheelhouse, then the compose test.
+compose-test: $(STAMP) tools
+	@(command -v dockerd && command -v debootstrap) >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends docker.io debootstrap >/dev/null 2>&1 \
+	  || (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io debootstrap >/dev/null)
+	@docker info >/dev/null 2>&1 || { (dockerd >/tmp/mgrpo-dockerd.log 2>&1 &); for i in $$(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done; }
+	PYTHON=$(BIN)/python tests/deploy/offline_images.sh mgrpo-base:bookworm
+	MGRPO_BASE_IMAGE=mgrpo-base:bookworm MGRPO_REDIS_IMAGE=mgrpo-base:bookworm \
+	  $(BIN)/python -m pytest -m docker -s tests/deploy/test_compose_up.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

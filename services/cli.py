@@ -180,6 +180,12 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 ControllerOpt = Annotated[str, typer.Option(envvar="MGRPO_CONTROLLER_URL", help="Controller URL.")]
 TokenOpt = Annotated[str, typer.Option(envvar="MGRPO_API_TOKEN", help="Bearer token.")]
+ReadTokenOpt = Annotated[
+    str,
+    typer.Option(
+        "--api-token", envvar=["MGRPO_READ_TOKEN", "MGRPO_API_TOKEN"], help="Bearer token (read or admin)."
+    ),
+]
 
 
 @app.command()
@@ -240,16 +246,18 @@ def dataset_upload(
 
 
 @dataset_app.command("list")
-def dataset_list(controller: ControllerOpt = "http://127.0.0.1:8000") -> None:
+def dataset_list(controller: ControllerOpt = "http://127.0.0.1:8000", api_token: ReadTokenOpt = "") -> None:
     """List the uploaded datasets (like `kubectl get`)."""
     import httpx
     from rich.table import Table
 
     try:
-        with _client(controller, "") as http:
+        with _client(controller, api_token) as http:
             resp = http.get("/v1/datasets")
     except httpx.HTTPError as exc:
         raise fail(f"cannot reach the controller at {controller}: {exc}") from None
+    if resp.status_code != 200:
+        raise fail(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
     table = Table("DATASET", "NAME", "ROWS", "SPLITS")
     for d in resp.json()["datasets"]:
         table.add_row(
@@ -262,13 +270,14 @@ def dataset_list(controller: ControllerOpt = "http://127.0.0.1:8000") -> None:
 def status(
     job_id: Annotated[str | None, typer.Argument(help="A job id; all jobs when omitted.")] = None,
     controller: ControllerOpt = "http://127.0.0.1:8000",
+    api_token: ReadTokenOpt = "",
 ) -> None:
     """Show jobs (like `kubectl get`)."""
     import httpx
     from rich.table import Table
 
     try:
-        with _client(controller, "") as http:
+        with _client(controller, api_token) as http:
             resp = http.get(f"/v1/jobs/{job_id}" if job_id else "/v1/jobs")
     except httpx.HTTPError as exc:
         raise fail(f"cannot reach the controller at {controller}: {exc}") from None

@@ -36,10 +36,14 @@ def job_status(url, job_id):
     deadline = time.monotonic() + 120
     while True:
         try:
-            return httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json()
-        except (httpx.HTTPError, ValueError):
-            assert time.monotonic() < deadline, "the controller never came back"
-            time.sleep(0.5)
+            r = httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10)
+            if r.status_code == 200:
+                return r.json()
+            assert r.status_code == 503, r.text  # the store is restarting
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the controller never came back"
+        time.sleep(0.5)
 
 
 def test_random_kills_lose_no_job_and_no_step(tmp_path):

@@ -53,10 +53,11 @@ def test_upload_list_get(api):
         and again.json()["dataset_id"] == d["dataset_id"]
         and not again.json()["created"]
     )
-    assert d["dataset_id"] in [x["dataset_id"] for x in api.get("/v1/datasets").json()["datasets"]]
-    assert api.get(f"/v1/datasets/{d['dataset_id']}").json()["rows"] == 8
-    assert api.get("/v1/datasets/ds-0000000000000000").status_code == 404
-    assert api.get("/v1/datasets/..%2F..").status_code == 404
+    assert api.get("/v1/datasets").status_code == 401  # reads need a token (read or admin)
+    assert d["dataset_id"] in [x["dataset_id"] for x in api.get("/v1/datasets", headers=H).json()["datasets"]]
+    assert api.get(f"/v1/datasets/{d['dataset_id']}", headers=H).json()["rows"] == 8
+    assert api.get("/v1/datasets/ds-0000000000000000", headers=H).status_code == 404
+    assert api.get("/v1/datasets/..%2F..", headers=H).status_code == 404
 
 
 def test_cli_upload_and_list(api, tmp_path):

@@ -24,13 +24,16 @@ RUN echo 'if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=
     else export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/'"${TORCH_VARIANT}"'; fi' > /tmp/pip-source.sh
 RUN mkdir -p mgrpo shared_store planner_trainer subagent_trainer services \
  && for p in mgrpo shared_store planner_trainer subagent_trainer services; do touch $p/__init__.py; done \
- && . /tmp/pip-source.sh && pip install . && pip uninstall -y mgrpo
+ && . /tmp/pip-source.sh && pip install . && pip uninstall -y mgrpo && rm -rf build *.egg-info
 COPY mgrpo ./mgrpo
 COPY shared_store ./shared_store
 COPY planner_trainer ./planner_trainer
 COPY subagent_trainer ./subagent_trainer
 COPY services ./services
-RUN . /tmp/pip-source.sh && pip install --no-deps . && rm -rf /tmp/wheelhouse /tmp/pip-source.sh
+# build/ still holds the placeholder __init__.py files, newer than the copied sources: setuptools would
+# keep them (an image whose `mgrpo` package is empty), so the wheel is built from a clean tree
+RUN rm -rf build *.egg-info && . /tmp/pip-source.sh && pip install --no-deps . \
+ && rm -rf build *.egg-info /tmp/wheelhouse /tmp/pip-source.sh
 
 USER mgrpo
 VOLUME ["/data"]

@@ -17,21 +17,23 @@ RUN useradd --create-home --uid 10001 mgrpo && mkdir -p /data /app && chown mgrp
 WORKDIR /app
 
 # Dependencies first (a layer that changes only with pyproject.toml), the source after.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY pyproject.toml wheelhouse* /tmp/wheelhouse/
 # pip reads its index settings from the environment: the wheelhouse when there is one, else the indexes
 RUN echo 'if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; \
     else export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/'"${TORCH_VARIANT}"'; fi' > /tmp/pip-source.sh
 RUN mkdir -p mgrpo shared_store planner_trainer subagent_trainer services \
  && for p in mgrpo shared_store planner_trainer subagent_trainer services; do touch $p/__init__.py; done \
+ && touch README.md \
  && . /tmp/pip-source.sh && pip install . && pip uninstall -y mgrpo && rm -rf build *.egg-info
+COPY README.md ./
 COPY mgrpo ./mgrpo
 COPY shared_store ./shared_store
 COPY planner_trainer ./planner_trainer
 COPY subagent_trainer ./subagent_trainer
 COPY services ./services
-# build/ still holds the placeholder __init__.py files, newer than the copied sources: setuptools would
-# keep them (an image whose `mgrpo` package is empty), so the wheel is built from a clean tree
+# Wheels are built from a clean tree: a stale build/ holding the placeholders (newer than the copied
+# sources, so setuptools kept them) once gave an image whose `mgrpo` package was empty.
 RUN rm -rf build *.egg-info && . /tmp/pip-source.sh && pip install --no-deps . \
  && rm -rf build *.egg-info /tmp/wheelhouse /tmp/pip-source.sh
 

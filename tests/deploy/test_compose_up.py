@@ -46,8 +46,10 @@ def env():
         pytest.skip("no docker / docker-compose binaries (make compose-test installs them)")
     if run("docker", "info", timeout=30).returncode != 0:
         pytest.skip("no Docker engine answers `docker info` (make compose-test starts one)")
-    base = os.environ.get("MGRPO_BASE_IMAGE", "python:3.11-slim")
-    redis_image = os.environ.get("MGRPO_REDIS_IMAGE", "redis:7-alpine")
+    offline = "mgrpo-base:bookworm"  # tests/deploy/offline_images.sh's, when it ran here
+    fallback = run("docker", "image", "inspect", offline).returncode == 0
+    base = os.environ.get("MGRPO_BASE_IMAGE", offline if fallback else "python:3.11-slim")
+    redis_image = os.environ.get("MGRPO_REDIS_IMAGE", offline if fallback else "redis:7-alpine")
     for image in (base, redis_image):
         if not available(image):
             pytest.skip(

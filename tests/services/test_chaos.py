@@ -1,5 +1,5 @@
 """Chaos: SIGKILL a random part of a running `mgrpo local up` cluster (either trainer, the controller
-or the embedded Redis) at a random time in each of 5 short jobs, with the cluster's own supervisor
+or the embedded Redis; each at least once) at a random time in each of 5 short jobs, with the cluster's own supervisor
 (`LocalCluster.supervise`, what `local up` runs) bringing it back: every job succeeds, every step is
 in each role's ledger exactly once, every training queue is accounted. Seeded (`MGRPO_CHAOS_SEED`),
 so a failure can be replayed."""
@@ -61,6 +61,11 @@ def test_random_kills_lose_no_job_and_no_step(tmp_path):
         keeper = threading.Thread(target=supervisor, daemon=True)
         keeper.start()
         url, store, killed = cluster.url("controller"), Store.connect(cluster.redis_url), []
+        parts = ["planner", "subagent", "controller", "redis"]
+        victims = [
+            *rng.sample(parts, len(parts)),
+            rng.choice(parts),
+        ]  # each part at least once, in random order
         try:
             for trial in range(TRIALS):
                 staleness = rng.choice([0, 1])
@@ -71,7 +76,7 @@ def test_random_kills_lose_no_job_and_no_step(tmp_path):
                 while job_status(url, job_id)["status"] == "queued":
                     time.sleep(0.2)
                 time.sleep(rng.uniform(0.5, 12.0))  # somewhere in the job: rollouts, an update, a checkpoint
-                victim = rng.choice(["planner", "subagent", "controller", "redis"])
+                victim = victims[trial]
                 if victim == "redis":
                     cluster.redis.kill()
                 else:

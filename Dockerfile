@@ -2,14 +2,16 @@
 #   docker build -t mgrpo .                              # CPU (default)
 #   docker build -t mgrpo:cuda --build-arg TORCH_VARIANT=cu126 .   # CUDA torch for GPU trainers
 # Without a registry or an index (an air-gapped build): a base image of your own with python3.11 and pip
-# (PYTHON_IMAGE), and the wheels in ./wheelhouse (`pip download -d wheelhouse '.[all]' torch==2.13.0`);
-# pip then installs from them only.
+#   --build-arg PYTHON_IMAGE=…, and a folder of wheels in the build context, --build-arg WHEELHOUSE=…
+#   (default ./wheelhouse, used when present; tests/deploy/offline_images.sh makes both): pip then
+#   installs from those wheels only.
 # SGLang servers run from SGLang's own image (see docker-compose.yml, profile gpu): SGLang pins its
 # own CUDA torch and is not installed beside ours.
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
 
 ARG TORCH_VARIANT=cpu
+ARG WHEELHOUSE=wheelhouse
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     MGRPO_CHECKPOINT_DIR=/data/checkpoints MGRPO_CACHE_DIR=/data/cache PORT=8000
 
@@ -18,7 +20,7 @@ WORKDIR /app
 
 # Dependencies first (a layer that changes only with pyproject.toml), the source after.
 COPY pyproject.toml ./
-COPY pyproject.toml wheelhouse* /tmp/wheelhouse/
+COPY pyproject.toml ${WHEELHOUSE}* /tmp/wheelhouse/
 # pip reads its index settings from the environment: the wheelhouse when there is one, else the indexes
 RUN echo 'if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; \
     else export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/'"${TORCH_VARIANT}"'; fi' > /tmp/pip-source.sh

@@ -171,6 +171,11 @@ def create_job(
     if size > settings.max_job_rollouts:
         _unprocessable(("steps",), f"steps × prompts_per_step × rollouts_per_query = {size:,} rollouts, over this "
                                    f"service's limit of {settings.max_job_rollouts:,} (MGRPO_MAX_JOB_ROLLOUTS)")  # fmt: skip
+    for role in config.flow.role_names:  # the generation budget: every role's context
+        context = config.model_of(role).max_context_tokens
+        if context > settings.max_context_tokens:
+            _unprocessable(("roles", role, "model", "max_context_tokens"), f"{context:,} tokens, over this service's "
+                           f"limit of {settings.max_context_tokens:,} (MGRPO_MAX_CONTEXT_TOKENS)")  # fmt: skip
     _check_dataset(store, config)
     record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=config.trainer_roles)
     return job_view(store, record)

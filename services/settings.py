@@ -78,6 +78,11 @@ class Settings(BaseSettings):
         description="Largest job POST /v1/jobs takes: steps × prompts_per_step × rollouts_per_query (422 beyond it).",
     )
 
+    max_context_tokens: int = Field(
+        65536,
+        ge=16,
+        description="Largest context a job's role may have (roles.<role>.model.max_context_tokens; 422 beyond it).",
+    )
     max_generate_prompt_tokens: int = Field(
         1024, ge=1, description="Longest prompt POST /v1/generate takes, in tokens (422 beyond it)."
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from mgrpo.tasks.deep_research import make_questions
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
-from shared_store.schemas import PlannerStepStats, decode, episode_id
+from shared_store.schemas import JobDispatch, PlannerStepStats, decode, episode_id
 from shared_store.streams import get_step
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
 from tests.plugin_path import plugin_dist
@@ -328,7 +329,7 @@ def test_episode_injection_is_refused_and_writes_nothing(cluster, store):
     assert wait(cluster, job_id)["status"] == "succeeded"
 
 
-def test_concurrent_submissions_all_succeed(cluster):
+def test_concurrent_submissions_all_succeed(cluster, store):
     """Six distinct jobs submitted at once: both trainers take them in one order (one dispatch
     stream), so none waits on a partner running another job (with a dispatch per role, two
     interleaved submissions could reach the planner and the sub-agent in different orders)."""
@@ -337,8 +338,13 @@ def test_concurrent_submissions_all_succeed(cluster):
     ]
     with ThreadPoolExecutor(len(configs)) as pool:
         ids = list(pool.map(lambda c: submit(cluster, c), configs))
-    jobs = [wait(cluster, job_id, timeout_s=300) for job_id in ids]
-    assert [(j["status"], j["reason"]) for j in jobs] == [("succeeded", "")] * len(ids)
+    same, same_id = {**configs[0], "run_seed": 99}, f"same-{uuid.uuid4().hex[:8]}"  # 50 submissions of one id
+    with ThreadPoolExecutor(50) as pool:
+        assert set(pool.map(lambda _: submit(cluster, same, job_id=same_id), range(50))) == {same_id}
+    jobs = [wait(cluster, job_id, timeout_s=300) for job_id in [*ids, same_id]]
+    assert [(j["status"], j["reason"]) for j in jobs] == [("succeeded", "")] * (len(ids) + 1)
+    dispatched = [decode(JobDispatch, f[b"data"]).job_id for _, f in store.client.xrange(keys.dispatch())]
+    assert dispatched.count(same_id) == 1  # one job, one dispatch
 
 
 def test_cancel_stops_within_a_step(cluster, store):

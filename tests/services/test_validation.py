@@ -17,7 +17,13 @@ JOB = '{"steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4, %s}'
 
 @pytest.fixture(scope="module")
 def api(redis_url, tmp_path_factory):
-    with api_only(tmp_path_factory.mktemp("edge"), redis_url, TOKEN, MGRPO_MAX_JOB_ROLLOUTS="5000") as client:
+    with api_only(
+        tmp_path_factory.mktemp("edge"),
+        redis_url,
+        TOKEN,
+        MGRPO_MAX_JOB_ROLLOUTS="5000",
+        MGRPO_MAX_CONTEXT_TOKENS="2048",
+    ) as client:
         yield client
 
 
@@ -30,8 +36,9 @@ def api(redis_url, tmp_path_factory):
         (JOB % ('"roles": {"planner": {"model": {"preset": "%s"}}}' % ("x" * 10_000_000)), ["body", "roles", "planner", "model", "preset"], "at most 32"),
         (JOB % '"roles": {"subagent": {"model": {"preset": "huge"}}}', ["body", "roles", "subagent", "model"], "unknown preset 'huge'"),
         ('{"steps": 20, "prompts_per_step": 8, "rollouts_per_query": 64}', ["body", "steps"], "MGRPO_MAX_JOB_ROLLOUTS"),
+        (JOB % '"roles": {"subagent": {"model": {"preset": "tiny-wide", "max_context_tokens": 4096}}}', ["body", "roles", "subagent", "model", "max_context_tokens"], "MGRPO_MAX_CONTEXT_TOKENS"),
     ],
-    ids=["nan", "infinity", "minus-infinity", "10MB-string", "unknown-preset", "oversized"],
+    ids=["nan", "infinity", "minus-infinity", "10MB-string", "unknown-preset", "oversized", "long-context"],
 )  # fmt: skip
 def test_a_bad_job_is_a_short_422_and_stores_nothing(api, redis_url, body, loc, says):
     before = Store.connect(redis_url).jobs.list(limit=1)[1]

@@ -30,7 +30,7 @@ def store(tmp_path):
 
 def test_two_roles_run_concurrent_submissions_in_one_order(store):
     seen: dict[str, list[str]] = {"planner": [], "subagent": []}
-    ids = [f"job-{i}" for i in range(24)]
+    ids = [f"job-{i}" for i in range(30)]
     barrier = threading.Barrier(len(ids) + 1)
 
     def create(jid, roles=("planner", "subagent")):

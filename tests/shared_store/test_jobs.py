@@ -33,13 +33,13 @@ def test_create_dispatches_once_to_all_roles(store, job_id):
 
 
 def test_concurrent_creates_of_one_id_dispatch_once(store, job_id):
-    barrier = threading.Barrier(16)
+    barrier = threading.Barrier(50)
 
     def create():
         barrier.wait()
         store.jobs.create({"x": 2}, job_id, roles=("solver", "verifier"))
 
-    threads = [threading.Thread(target=create) for _ in range(16)]
+    threads = [threading.Thread(target=create) for _ in range(50)]
     for t in threads:
         t.start()
     for t in threads:

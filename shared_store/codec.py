@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from shared_store.schemas import PayloadError
+from shared_store.schemas import EpisodeMeta, PayloadError, RootSampleMeta, decode, encode
 
 TOKEN_DTYPE = np.dtype("<i4")
 LOGP_DTYPE = np.dtype("<f4")
@@ -102,3 +103,19 @@ def decode_arrays(body: memoryview | bytes, n_tokens: int, expected_crc: int, wh
         np.frombuffer(body, dtype=LOGP_DTYPE, count=n_tokens, offset=a),
         np.frombuffer(body, dtype=MASK_DTYPE, count=n_tokens, offset=b),
     )
+
+
+Meta = TypeVar("Meta", EpisodeMeta, RootSampleMeta)  # the metadata models that travel with arrays
+
+
+def seal(meta: Meta, arrays: EpisodeArrays) -> tuple[Meta, bytes]:
+    """The metadata with `n_tokens` and the arrays' checksum filled in, and the blob of both."""
+    meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": arrays.checksum()})
+    return meta, pack_episode(encode(meta), arrays)
+
+
+def unseal(model: type[Meta], blob: bytes, what: str) -> tuple[Meta, EpisodeArrays]:
+    """A blob back into its metadata and (checked) arrays; PayloadError on anything foreign or cut."""
+    meta_json, body = unpack_episode(blob, what)
+    meta = decode(model, bytes(meta_json))
+    return meta, decode_arrays(body, meta.n_tokens, meta.checksum, what)

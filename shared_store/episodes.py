@@ -17,8 +17,8 @@ import redis
 
 from shared_store import keys
 from shared_store._text import as_str
-from shared_store.codec import EpisodeArrays, decode_arrays, pack_episode, unpack_episode
-from shared_store.schemas import EpisodeMeta, decode, encode, episode_id
+from shared_store.codec import EpisodeArrays, seal, unseal
+from shared_store.schemas import EpisodeMeta, episode_id
 
 EPISODE_TTL_S = 2 * 24 * 3600
 
@@ -42,10 +42,8 @@ class EpisodeStore:
         out = []
         by_step: dict[tuple[str, int], dict[Any, Any]] = defaultdict(dict)
         for meta, arrays in episodes:
-            meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": arrays.checksum()})
-            by_step[(meta.job_id, meta.step)][keys.check_id("episode id", meta.episode_id)] = pack_episode(
-                encode(meta), arrays
-            )
+            meta, blob = seal(meta, arrays)
+            by_step[(meta.job_id, meta.step)][keys.check_id("episode id", meta.episode_id)] = blob
             out.append(meta)
         pipe = self.r.pipeline(transaction=False)
         for (job_id, step), mapping in by_step.items():
@@ -57,11 +55,11 @@ class EpisodeStore:
     def put_once(self, meta: EpisodeMeta, arrays: EpisodeArrays) -> tuple[EpisodeMeta, bool]:
         """Write an episode unless its id is already recorded (HSETNX): an id is written once. Returns
         the recorded metadata (the earlier one on a replay) and whether this call wrote it."""
-        meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": arrays.checksum()})
+        meta, blob = seal(meta, arrays)
         key = keys.step_episodes(meta.job_id, meta.step)
         eid = keys.check_id("episode id", meta.episode_id)
         pipe = self.r.pipeline(transaction=True)
-        pipe.hsetnx(key, eid, pack_episode(encode(meta), arrays))
+        pipe.hsetnx(key, eid, blob)
         pipe.expire(key, self.ttl_s)
         created, _ = pipe.execute()
         if created:
@@ -101,10 +99,7 @@ class EpisodeStore:
 
     @staticmethod
     def _decode(eid: str, blob: bytes) -> tuple[EpisodeMeta, EpisodeArrays]:
-        what = f"episode {eid}"
-        meta_json, body = unpack_episode(blob, what)
-        meta = decode(EpisodeMeta, bytes(meta_json))
-        return meta, decode_arrays(body, meta.n_tokens, meta.checksum, what)
+        return unseal(EpisodeMeta, blob, f"episode {eid}")
 
     def step_ids(self, job_id: str, step: int) -> list[str]:
         return sorted(as_str(x) for x in cast(list[bytes], self.r.hkeys(keys.step_episodes(job_id, step))))

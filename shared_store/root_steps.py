@@ -22,8 +22,8 @@ from typing import cast
 import redis
 
 from shared_store import keys
-from shared_store.codec import EpisodeArrays, decode_arrays, pack_episode, unpack_episode
-from shared_store.schemas import RootSampleMeta, StepMessage, decode, encode
+from shared_store.codec import EpisodeArrays, seal, unseal
+from shared_store.schemas import RootSampleMeta, StepMessage
 from shared_store.streams import STEP_RECORD_TTL_S, stage_step
 
 
@@ -48,8 +48,7 @@ class RootSteps:
             "produced": json.dumps(produced).encode(),
         }
         for meta, arrays in samples:
-            meta = meta.model_copy(update={"n_tokens": len(arrays), "checksum": arrays.checksum()})
-            mapping[str(meta.index)] = pack_episode(encode(meta), arrays)
+            mapping[str(meta.index)] = seal(meta, arrays)[1]
         pipe = self.r.pipeline(transaction=True)
         pipe.delete(key)
         pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
@@ -64,13 +63,6 @@ class RootSteps:
             return None
         values = json.loads(raw.pop(b"values"))
         produced = json.loads(raw.pop(b"produced"))
-        samples = []
-        for field in sorted(raw, key=int):
-            what = f"root sample {field.decode()} of step {step}"
-            meta_json, body = unpack_episode(raw[field], what)
-            meta = decode(RootSampleMeta, bytes(meta_json))
-            samples.append((meta, decode_arrays(body, meta.n_tokens, meta.checksum, what)))
+        samples = [unseal(RootSampleMeta, raw[f], f"root sample {f.decode()} of step {step}")
+                   for f in sorted(raw, key=int)]  # fmt: skip
         return RootStep(samples, values, produced)
-
-    def delete(self, job_id: str, step: int) -> None:
-        self.r.unlink(keys.root_step(job_id, step))

@@ -1,8 +1,9 @@
-"""What the end-to-end tests share: did a role's trainer really update its model? And API-only
-services to send requests to."""
+"""What the end-to-end tests share: did a role's trainer really update its model, did a step reach
+each ledger, is every training queue accounted? And API-only services to send requests to."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,10 +14,38 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from services.launcher import LocalCluster
+from shared_store import Store, keys
+from shared_store.schemas import WireModel, decode
 
 
 def params_of(path: str | Path) -> dict[str, torch.nn.Parameter]:
     return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
+
+
+def final_checkpoint(cluster: LocalCluster, role: str, job_id: str) -> Path:
+    ckpts = sorted((cluster.checkpoint_dir(role) / job_id / role).glob("step-*"))
+    assert ckpts, f"no {role} checkpoint"
+    return ckpts[-1]
+
+
+def stream_messages(store: Store, job_id: str, name: str, model: type[WireModel]) -> list[Any]:
+    return [decode(model, f[b"data"]) for _, f in store.client.xrange(keys.stream(job_id, name))]
+
+
+def wait_ledger(store: Store, job_id: str, role: str, step: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while store.ledger.last_step(job_id, role) < step:
+        assert time.monotonic() < deadline, f"{role} never reached step {step}"
+        time.sleep(0.1)
+
+
+def assert_accounted(store: Store, job_id: str, roles: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Every role's training queue: produced = trained + dropped + unaligned, nothing lost."""
+    totals = store.accounts.totals(job_id)
+    assert set(totals) == set(roles), totals
+    for role, t in totals.items():
+        assert t["produced"] > 0 and t["produced"] == t["trained"] + t["dropped"] + t["unaligned"], (role, t)
+    return totals
 
 
 def moved(start: str | Path, trained: str | Path) -> list[str]:

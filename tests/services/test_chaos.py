@@ -20,7 +20,7 @@ from mgrpo.runtime import warmstart_config
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
-from tests.services.test_e2e import assert_accounted
+from tests.services.checks import assert_accounted
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"

@@ -30,6 +30,7 @@ from shared_store.schemas import JobDispatch, PlannerStepStats, decode, episode_
 from shared_store.streams import get_step
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
 from tests.plugin_path import plugin_dist
+from tests.services.checks import assert_accounted, final_checkpoint, params_of, stream_messages, wait_ledger
 from tests.services.loopback import FlakyToolServer, RewardServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
@@ -79,20 +80,6 @@ def wait(cluster, job_id, timeout_s=600, until=("succeeded", "failed", "cancelle
             return job
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {job['status']} after {timeout_s} s: {job}")
-
-
-def stream_messages(store, job_id, name, model):
-    return [decode(model, f[b"data"]) for _, f in store.client.xrange(keys.stream(job_id, name))]
-
-
-def params_of(path):
-    return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
-
-
-def final_checkpoint(cluster, role, job_id):
-    ckpts = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))
-    assert ckpts, f"no {role} checkpoint"
-    return ckpts[-1]
 
 
 def test_co_train_two_steps(cluster, store, warm):
@@ -407,22 +394,6 @@ def test_partner_down_fails_the_job_with_a_reason_and_it_resumes(cluster, store)
     assert sorted((e.role, e.step) for e in store.ledger.entries(job_id)) == [("planner", 0), ("subagent", 0)]
     again = httpx.post(f"{cluster.url('controller')}/v1/jobs/{job_id}/resume", headers=H, timeout=30)
     assert again.status_code == 409 and "only a failed or cancelled job resumes" in again.text
-
-
-def wait_ledger(store, job_id, role, step, timeout_s=600):
-    deadline = time.monotonic() + timeout_s
-    while store.ledger.last_step(job_id, role) < step:
-        assert time.monotonic() < deadline, f"{role} never reached step {step}"
-        time.sleep(0.1)
-
-
-def assert_accounted(store, job_id, roles):
-    """Every role's training queue: produced = trained + dropped + unaligned, nothing lost."""
-    totals = store.accounts.totals(job_id)
-    assert set(totals) == set(roles), totals
-    for role, t in totals.items():
-        assert t["produced"] > 0 and t["produced"] == t["trained"] + t["dropped"] + t["unaligned"], (role, t)
-    return totals
 
 
 def test_pipelined_co_train_accounts_every_sample(cluster, store):

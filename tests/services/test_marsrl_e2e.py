@@ -18,7 +18,7 @@ from mgrpo.workflows.marsrl_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import RoleBatch, decode
-from tests.services.checks import assert_updated, moved
+from tests.services.checks import assert_updated, final_checkpoint, moved
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -65,12 +65,6 @@ def wait(cluster, job_id, timeout_s=900):
             return job
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} still {job['status']} after {timeout_s} s: {job}")
-
-
-def final_checkpoint(cluster, role, job_id):
-    ckpts = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))
-    assert ckpts, f"no {role} checkpoint"
-    return ckpts[-1]
 
 
 def test_three_models_three_trainers(cluster, store, warm):

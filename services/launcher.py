@@ -50,9 +50,11 @@ class LocalCluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
     restarts: dict[str, int] = field(default_factory=dict)  # by `supervise`, per service (and "redis")
-    _started: dict[str, float] = field(default_factory=dict)  # monotonic time of each one's last start
-    _delay: dict[str, float] = field(default_factory=dict)  # its last backoff
-    _due: dict[str, float] = field(default_factory=dict)  # when a dead one restarts
+    _started: dict[str, float] = field(
+        default_factory=dict, repr=False
+    )  # monotonic time of each one's last start
+    _delay: dict[str, float] = field(default_factory=dict, repr=False)  # its last backoff
+    _due: dict[str, float] = field(default_factory=dict, repr=False)  # when a dead one restarts
 
     def url(self, role: str) -> str:
         return f"http://127.0.0.1:{self.ports[role]}"

@@ -79,9 +79,11 @@ def step_progress(console: Console, title: str, total: int, info: str = "") -> I
 
 def plain_timing(done: int, total: int, elapsed_s: float) -> str:
     """`<elapsed> <rate> ETA <left>` for a plain progress line: `95s 0.79 s/it ETA 3m 12s`
-    (`it/s` when faster than one a second); no rate before the first unit of work is done or within
-    the first second (a cached result), no ETA once all is done."""
-    if done <= 0 or elapsed_s < 1.0:
+    (`it/s` when faster than one a second); no rate before the first unit of work is done or when all
+    was done within the first second (a cached result), no ETA once all is done. A fast first unit
+    (under a second, as on a quicker machine) still gets its rate and ETA."""
+    cached = done >= total and elapsed_s < 1.0
+    if done <= 0 or elapsed_s <= 0.0 or cached:
         return f"{elapsed_s:.0f}s"
     per = elapsed_s / done
     rate = f"{per:.2f} s/it" if per >= 1.0 else f"{1 / per:.1f} it/s"

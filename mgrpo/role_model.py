@@ -8,22 +8,37 @@ so rollouts never pause for an update; each update is pushed to it and bumps the
 sample's staleness is the trained version minus the version that sampled it (its oldest turn). Within
 the bound it is trained with the importance-weight correction (`mgrpo.training`); beyond it,
 `stale_samples` decides: `drop` (counted) or `keep-with-correction`. Reported per update:
-`staleness_<k>` (share of samples k versions old), `stale_dropped`, `stale_beyond_bound`."""
+`staleness_<k>` (share of samples k versions old), `stale_dropped`, `stale_beyond_bound`.
+
+On W ranks (the service started under torchrun, `mgrpo.parallel`): this object lives on rank 0 and
+keeps the full model the engine and the checkpoints use; the update runs on the policy sharded over
+all ranks (FSDP2), and its gathered weights are loaded back into the full model after every update
+(the weight sync, `weight_sync_s` per update). W = 1 trains `model` itself, as always."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
-from mgrpo.checkpoint import CheckpointInfo, latest_checkpoint, restore_trainer_state, save_checkpoint
+from mgrpo.checkpoint import (
+    CheckpointInfo,
+    latest_checkpoint,
+    load_optimizer_state,
+    optimizer_state,
+    restore_trainer_state,
+    save_checkpoint,
+)
 from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load, place
+from mgrpo.parallel import ranks
+from mgrpo.parallel.group import joined_world
 from mgrpo.runtime import reference_model, role_model_source, rollout_engine
 from mgrpo.sample import Sample
 from mgrpo.training import UpdateSettings, ppo_update
@@ -64,9 +79,18 @@ class RoleModel:
         model, self.tokenizer = load(source)
         self.model = place(model, device).eval()
         optim = cfg.optim_of("planner" if role == "single" else role)
+        state = restore_trainer_state(resume) if resume else None
+        self.world = joined_world()
+        if self.world > 1:
+            if optim.kl_coef > 0:
+                raise ValueError(
+                    f"kl_coef > 0 is not supported yet for a role trained on {self.world} ranks ({role})"
+                )
+            ranks.call("open", config=self.model.config.to_dict(), lr=optim.lr,
+                       local={"source": self.model, "optimizer_state": state})  # fmt: skip
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=0.0)
-        if resume:
-            restore_trainer_state(resume, self.optimizer)
+        if state is not None and self.world == 1:
+            load_optimizer_state(self.model, self.optimizer, state)
         self.version = resume.version if resume else 0
         self.start_step = last_step + 1
         self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source, max_batch=max_batch,
@@ -88,10 +112,18 @@ class RoleModel:
         kept, report = self.triage(samples)
         if not kept:
             return report
+        batch = [(s.transcript, s.advantage) for s in kept]
+        stale = [s.policy_version < self.version for s in kept]
         with self.engine.paused(), _yielding(not self.engine.shares_weights):
-            metrics = ppo_update(self.model, self.optimizer, [(s.transcript, s.advantage) for s in kept],
-                                 self.settings, pad_id=self.pad_id, seed=seed, ref_model=self.ref_model,
-                                 stale=[s.policy_version < self.version for s in kept])  # fmt: skip
+            if self.world > 1:
+                metrics = ranks.call("update", samples=batch, settings=self.settings, pad_id=self.pad_id,
+                                     seed=seed, stale=stale)  # fmt: skip
+                t0 = time.perf_counter()
+                self.model.load_state_dict(ranks.call("weights"))
+                metrics["weight_sync_s"] = time.perf_counter() - t0
+            else:
+                metrics = ppo_update(self.model, self.optimizer, batch, self.settings, pad_id=self.pad_id,
+                                     seed=seed, ref_model=self.ref_model, stale=stale)  # fmt: skip
             self.version += 1
             if self.engine.shares_weights:
                 self.engine.weights_version = self.version
@@ -121,7 +153,10 @@ class RoleModel:
 
     def save(self, step: int, *, push: bool = True) -> CheckpointInfo:
         """Checkpoint the step; an engine with its own weights (SGLang) loads them (when `push`)."""
-        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, self.optimizer, step=step,
+        state = (
+            ranks.call("optimizer_state") if self.world > 1 else optimizer_state(self.model, self.optimizer)
+        )
+        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, state, step=step,
                                version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
         if push and not self.engine.shares_weights and not isinstance(self.engine, HFEngine):
             self.engine.update_weights(str(ckpt.path), self.version)  # an SGLang server reads the folder
@@ -129,3 +164,5 @@ class RoleModel:
 
     def close(self) -> None:
         self.engine.close()
+        if self.world > 1:
+            ranks.call("close")

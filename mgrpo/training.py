@@ -8,6 +8,13 @@ Stale samples (sampled by an older policy version than the one being trained, al
 first minibatch, one no-grad pass of the current model over them gives `logp_prox`; the loss then
 clips the ratio against it and weights each token by min(exp(logp_prox − logp_old), `is_cap`). Fresh
 samples keep logp_prox = logp_old, so a batch without stale samples trains exactly as before.
+
+Data parallel (`shard=(rank, world)`, a role's trainer on W ranks, `mgrpo.parallel`): every rank
+gets the whole step's samples and the same seed, so all draw the same minibatches; rank r trains on
+rows r, r + W, … of each. Its loss is its partial sum over the minibatch's *global* denominator
+(sequences with a trained token, or trained tokens — `loss.agg_count`) times W, so the gradients
+FSDP averages over the ranks are exactly the W = 1 gradient. A rank left without a row (a minibatch
+smaller than W) runs a forward on a row with weight 0: the collectives need every rank.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
-from mgrpo.algo.loss import AggMode, policy_loss
+from mgrpo.algo.loss import AggMode, agg_count, policy_loss
 from mgrpo.batching import collate
 from mgrpo.config import OptimConfig
 from mgrpo.models import token_logprobs
@@ -57,11 +64,14 @@ def ppo_update(
     seed: int = 0,
     ref_model: PreTrainedModel | None = None,
     stale: Sequence[bool] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
     """Run `ppo_epochs` passes of minibatch updates; returns mean metrics (loss, clip_frac, approx_kl,
     grad_norm, tokens; kl_ref with a `ref_model`; is_weight_mean, is_capped_frac when any sample is
     `stale`). Samples whose advantage is 0 still count (they are real group members). `ref_model`
-    (frozen) is needed when `settings.kl_coef` > 0. `stale[i]`: sample i came from an older policy."""
+    (frozen) is needed when `settings.kl_coef` > 0. `stale[i]`: sample i came from an older policy.
+    `shard`: (rank, world) of a data-parallel update (module docstring); every rank gets the same
+    metrics."""
     if settings.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs ref_model (the frozen starting model)")
     if not samples:
@@ -79,7 +89,7 @@ def ppo_update(
         for start in range(0, len(order), settings.minibatch_size):
             idx = order[start : start + settings.minibatch_size]
             metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id, ref_model,
-                                 None if prox is None else [prox[i] for i in idx])  # fmt: skip
+                                 None if prox is None else [prox[i] for i in idx], shard)  # fmt: skip
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             n_updates += 1
@@ -133,7 +143,20 @@ def _minibatch(
     pad_id: int,
     ref_model: PreTrainedModel | None,
     prox: list[torch.Tensor | None] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
+    rank, world = shard
+    share = 1.0  # this rank's part of the minibatch's loss denominator
+    if world > 1:
+        total = agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg)
+        rows = list(range(rank, len(batch_samples), world)) or [0]  # a row with weight 0 when none is left
+        mine = [batch_samples[i] for i in rows]
+        share = (
+            agg_count([t.mask[1:] for t, _ in mine], s.loss_agg) / max(total, 1)
+            if rank < len(batch_samples)
+            else 0.0
+        )
+        batch_samples, prox = mine, None if prox is None else [prox[i] for i in rows]
     batch = collate([t for t, _ in batch_samples], pad_id).to(model.device)
     logp_prox = None
     if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
@@ -156,10 +179,30 @@ def _minibatch(
                                 clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef,
                                 logp_prox=logp_prox, is_cap=s.is_cap)  # fmt: skip
     optimizer.zero_grad()
-    loss.backward()
+    (loss * (share * world) if world > 1 else loss).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
     optimizer.step()
     metrics["loss"] = loss.item()
-    metrics["grad_norm"] = float(grad_norm)
-    metrics["tokens"] = float(batch.loss_mask.sum())
-    return metrics
+    metrics["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    metrics["tokens"] = float(batch.loss_mask.sum()) if share > 0 else 0.0
+    return reduce_metrics(metrics, share) if world > 1 else metrics
+
+
+def reduce_metrics(metrics: dict[str, float], share: float) -> dict[str, float]:
+    """One minibatch's metrics over the ranks: the means weighted by each rank's `share` of the loss
+    denominator (so `loss` is the minibatch's loss), `tokens` summed, `ratio_max` the max, `grad_norm`
+    (already global) as it is."""
+    import torch.distributed as dist
+
+    keys = sorted(k for k in metrics if k not in ("grad_norm", "ratio_max"))
+    vals = torch.tensor(
+        [metrics[k] if k == "tokens" else metrics[k] * share for k in keys], dtype=torch.float64
+    )
+    dist.all_reduce(vals)
+    out = dict(zip(keys, vals.tolist(), strict=True))
+    if "ratio_max" in metrics:
+        top = torch.tensor([metrics["ratio_max"] if share > 0 else 0.0], dtype=torch.float64)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        out["ratio_max"] = float(top)
+    out["grad_norm"] = metrics["grad_norm"]
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -48,6 +49,14 @@ def serve(
     host: Annotated[str, typer.Option(help="Bind address.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    ranks: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1024,
+            help="Train this role on W ranks of this machine: the service restarts itself under torchrun (--standalone), rank 0 serving, FSDP2 over all (default: MGRPO_RANKS, 1).",
+        ),
+    ] = None,
 ) -> None:
     """Run one service with uvicorn (settings from MGRPO_* and REDIS_URL environment variables)."""
     import uvicorn
@@ -79,13 +88,36 @@ def serve(
         ) from None
     except RuntimeError as exc:
         raise fail(str(exc)) from None
-    uvicorn.run(
-        apps[role],
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
-    )  # SIGTERM: stopped within ~2 s
+    from mgrpo.parallel import group
+    from mgrpo.parallel import ranks as rank_calls
+
+    if ranks is not None and role == "controller":
+        raise fail("--ranks is for the trainer services (planner, subagent), not the controller")
+    ranks = settings.ranks if ranks is None else ranks
+    if (
+        ranks > 1 and role != "controller" and "WORLD_SIZE" not in os.environ
+    ):  # not yet under torchrun: start W ranks of this command
+        torchrun = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            "--max-restarts=0",
+        ]
+        os.execv(sys.executable, [sys.executable, *torchrun, "-m", "services.cli", *sys.argv[1:]])
+    if role != "controller" and group.init_from_env() and group.rank() > 0:
+        rank_calls.serve()  # under torchrun: rank 0 is the service, the others run its training calls
+        return
+    try:
+        uvicorn.run(
+            apps[role],
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=settings.shutdown_grace_s,
+        )  # SIGTERM: stopped within ~2 s
+    finally:
+        rank_calls.shutdown()
 
 
 def _env_name(loc: tuple[int | str, ...]) -> str:
@@ -127,13 +159,21 @@ def local_up(
     ] = 8000,
     workflow: WorkflowOpt = "deep_research",
     shared: SharedOpt = False,
+    ranks: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ranks",
+            help="ROLE=W: train that role on W ranks (torchrun, FSDP2), e.g. --ranks subagent=2; repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Start the cluster in the foreground, restarting any service that dies (Ctrl-C stops it)."""
     from services.launcher import LocalCluster, workflow_roles
 
     _check_workflow(workflow)
     roles = workflow_roles(workflow, shared=shared)
-    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
+    world = _parse_ranks(ranks or [], roles)
+    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles, ranks=world,
                            ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
 
     def stop(*_: object) -> None:
@@ -154,6 +194,21 @@ def local_up(
         pass
     finally:
         cluster.stop()
+
+
+def _parse_ranks(items: list[str], roles: tuple[str, ...]) -> dict[str, int]:
+    """`--ranks ROLE=W` options as {role: W}, with what to fix named."""
+    out: dict[str, int] = {}
+    for item in items:
+        role, _, w = item.partition("=")
+        if role not in roles:
+            raise fail(
+                f"--ranks {item!r}: {role!r} is not a trainer role of this cluster ({', '.join(roles)})"
+            )
+        if not w.isdigit() or not 1 <= int(w) <= 1024:
+            raise fail(f"--ranks {item!r}: W must be a whole number from 1 to 1024, as in {role}=2")
+        out[role] = int(w)
+    return out
 
 
 def _client(url: str, token: str) -> Any:

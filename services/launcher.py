@@ -6,6 +6,9 @@ that run a trainer, root first (default: deep_research's planner and sub-agent; 
 verifier, corrector, or just solver when the others share its model). The root is started with
 `python -m services.cli serve planner --role <root>`, every other role with `serve subagent --role
 <role>`; the root finds them through MGRPO_ROLE_URLS. Each log goes to `<run_dir>/logs/<role>.log`.
+A role given W > 1 `ranks` is served with `serve … --ranks W`, which runs it under torchrun (W
+processes): rank 0 is its service, the others train with it (`mgrpo.parallel`); torchrun stops the
+group when a rank dies, and `supervise` starts it again.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class LocalCluster:
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per role, over extra_env
     roles: tuple[str, ...] = ROLES  # trainer roles, root first
     cpus: dict[str, str] = field(default_factory=dict)  # role → `taskset -c` CPU list (e.g. "0"), to pin it
+    ranks: dict[str, int] = field(default_factory=dict)  # role → its trainer's world size W (default 1)
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
@@ -64,6 +68,11 @@ class LocalCluster:
         return self.run_dir / "checkpoints" / role
 
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
+        unknown = set(self.ranks) - set(self.roles)
+        if unknown:
+            raise ValueError(
+                f"ranks for roles this cluster does not run: {sorted(unknown)}; its roles: {list(self.roles)}"
+            )
         self.run_dir = self.run_dir.resolve()
         if self.api_token and not self.service_token:
             self.service_token = secrets.token_urlsafe(24)
@@ -107,9 +116,18 @@ class LocalCluster:
     def start_role(self, role: str) -> None:
         log = (self.run_dir / "logs" / f"{role}.log").open("ab")
         pin = ["taskset", "-c", self.cpus[role]] if role in self.cpus else []
+        w = self.ranks.get(role, 1)
+        torchrun = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={w}",
+            "--max-restarts=0",
+        ]
         cmd = [
             *pin,
             sys.executable,
+            *(torchrun if w > 1 else []),
             "-m",
             "services.cli",
             "serve",
@@ -118,6 +136,7 @@ class LocalCluster:
             "127.0.0.1",
             "--port",
             str(self.ports[role]),
+            *(["--ranks", str(self.ranks[role])] if self.ranks.get(role, 1) > 1 else []),
         ]
         self.procs[role] = subprocess.Popen(cmd, env=self.env(role), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)  # fmt: skip

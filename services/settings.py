@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     run_worker: bool = Field(
         True, description="Take jobs from the dispatch stream (false: an API-only replica)."
     )
+    ranks: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="The ranks this trainer service trains its role on (torchrun on this machine, FSDP2; `serve --ranks`); 1 = one process.",
+    )
     sglang_url: str = Field(
         "",
         description="An SGLang server this trainer rolls out with (it must read the checkpoint volume: every new policy is pushed with update_weights_from_disk); '' = the in-process hf engine.",

@@ -4,13 +4,16 @@ run them in the same order) and runs its role's jobs one at a time, moving the j
 (running → succeeded / failed / cancelled).
 
 The dispatch entry is acknowledged only when the job is finished, so a service killed mid-job finds
-the entry in its own pending list when it restarts (same `MGRPO_CONSUMER_NAME`) and resumes it.
+the entry in its own pending list when it restarts (same `MGRPO_CONSUMER_NAME`) and resumes it. A
+trainer on W ranks that loses one (`RankLost`) exits the same way, on purpose: the job is not failed,
+the group is restarted (torchrun, `mgrpo local up`, Kubernetes) and resumes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,6 +24,7 @@ import redis
 from fastapi import FastAPI
 
 from mgrpo.config import JobConfig
+from mgrpo.parallel.ranks import RankLost
 from services.settings import get_settings
 from shared_store import Store, keys
 from shared_store.connection import StoreUnavailableError
@@ -30,6 +34,7 @@ from shared_store.streams import StreamConsumer
 
 log = logging.getLogger("mgrpo.worker")
 STORE_DOWN = (redis.ConnectionError, redis.TimeoutError, StoreUnavailableError)
+EXIT_RANK_LOST = 75  # EX_TEMPFAIL: start it again
 DISPATCH_IDLE_MS = 6 * 3600 * 1000  # another replica takes over a dispatch only after 6 h of silence
 
 
@@ -84,6 +89,11 @@ class JobWorker:
             jobs.transition(job_id, "running")
             if self.run_job(job_id, JobConfig.model_validate(record.config)):
                 jobs.transition(job_id, "succeeded")
+        except RankLost:
+            log.critical("job %s: the %s trainer lost a rank; exiting so that its group restarts and resumes it",
+                         job_id, self.role, exc_info=True)  # fmt: skip
+            logging.shutdown()
+            os._exit(EXIT_RANK_LOST)
         except JobCancelled:
             self._finish(job_id, "cancelled", f"cancelled; the {self.role} trainer stopped")
         except Exception as exc:  # the job fails with a reason; the service lives on

@@ -26,6 +26,7 @@ active one), `approx_kl` (k3 of the new policy from the old one, (ρ−1) − lo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -49,6 +50,15 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, agg: AggMode) -> torch
         has_tokens = (tokens > 0).to(loss_mat.dtype)  # (B,)
         return (seq_loss * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
     raise ValueError(f"agg must be 'seq-mean-token-mean' or 'token-mean', got {agg!r}")
+
+
+def agg_count(masks: Sequence[Sequence[int]], agg: AggMode) -> int:
+    """The denominator `aggregate` divides by, from the rows' loss masks: the rows with a trained token
+    (`seq-mean-token-mean`) or the trained tokens (`token-mean`). A data-parallel rank scales its
+    partial loss by its count over the minibatch's (`mgrpo.training`)."""
+    if agg == "token-mean":
+        return sum(sum(m) for m in masks)
+    return sum(1 for m in masks if any(m))
 
 
 def _check_shapes(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> None:

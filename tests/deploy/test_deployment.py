@@ -91,6 +91,22 @@ def test_gpu_values_put_each_role_on_its_own_gpu_node(values, kinds):
         )
 
 
+def test_a_role_on_two_ranks_gets_them_and_shared_memory():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["roles"][1]["ranks"] = 2
+    docs = render({**values, "apiToken": "t"})
+    specs = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+             for d in docs if d["kind"] == "Deployment"}  # fmt: skip
+    for role, w in (("planner", "1"), ("subagent", "2")):
+        (c,) = specs[role]["containers"]
+        assert {"name": "MGRPO_RANKS", "value": w} in c["env"], role
+        shm = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        assert bool(shm) == (w == "2"), role
+    assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in specs["subagent"]["volumes"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
 def test_the_secret_holds_every_scope_and_a_generated_service_token():
     secret = next(d for d in render({"apiToken": "t", "readToken": "r"}) if d["kind"] == "Secret")[
         "stringData"
@@ -139,6 +155,10 @@ def test_compose_file_is_valid():
     spec = yaml.safe_load(compose("config", MGRPO_BASE_IMAGE="base:1", MGRPO_REDIS_IMAGE="my/redis:1").stdout)
     assert spec["services"]["redis"]["image"] == "my/redis:1"
     assert spec["services"]["controller"]["build"]["args"]["PYTHON_IMAGE"] == "base:1"
+    # a role on W ranks: MGRPO_SUBAGENT_RANKS reaches the sub-agent's service as MGRPO_RANKS, not the planner's
+    spec = yaml.safe_load(compose("config", MGRPO_SUBAGENT_RANKS="2").stdout)
+    assert str(spec["services"]["subagent"]["environment"]["MGRPO_RANKS"]) == "2"
+    assert str(spec["services"]["planner"]["environment"]["MGRPO_RANKS"]) == "1"
 
 
 def commands_and_env() -> tuple[list[list[str]], set[str]]:

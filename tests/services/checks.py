@@ -90,3 +90,20 @@ def api_only(run_dir: Path, redis_url: str, token: str, **env: str) -> Iterator[
         httpx.Client(base_url=cluster.url("controller"), timeout=30) as client,
     ):
         yield client
+
+
+def rank_pid(cluster: LocalCluster, role: str, rank: int, timeout_s: float = 30) -> int:
+    """The pid of one rank of a role started under torchrun (a child of its torchrun process, with
+    RANK=<rank> in its environment)."""
+    parent, deadline = cluster.procs[role].pid, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                env = (stat.parent / "environ").read_bytes().split(b"\0") if ppid == parent else []
+            except (OSError, ValueError, IndexError):
+                continue
+            if f"RANK={rank}".encode() in env:
+                return int(stat.parent.name)
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} under {role}'s torchrun (pid {parent})")

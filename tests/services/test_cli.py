@@ -164,6 +164,15 @@ def test_unknown_role_and_bad_option(tmp_path):
     assert proc.returncode == 2 and "unknown workflow" in proc.stdout
     proc = mgrpo("demo", "--steps", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    proc = mgrpo("serve", "controller", "--ranks", "2")
+    assert proc.returncode == 2 and "--ranks is for the trainer services" in proc.stdout
+    for bad, says in (
+        ("planer=2", "not a trainer role"),
+        ("subagent=0", "whole number"),
+        ("subagent", "whole number"),
+    ):
+        proc = mgrpo("local", "up", "--run-dir", str(tmp_path), "--ranks", bad)
+        assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout
 
 
 def test_train_rejects_a_bad_config_with_the_field_path(tmp_path):

@@ -100,3 +100,35 @@ def test_liveness_fails_once_the_worker_thread_died(store):
     for path in ("/healthz", "/readyz"):
         r = client.get(path)
         assert r.status_code == 503 and "planner job worker stopped" in r.text, (path, r.text)
+
+
+LOSE_A_RANK = """
+import sys
+from mgrpo.config import JobConfig
+from mgrpo.parallel.ranks import RankLost
+from services.worker import JobWorker
+from shared_store import Store
+
+store = Store.connect(sys.argv[1])
+store.jobs.create(JobConfig().model_dump(mode="json"), "job-w", roles=("planner", "subagent"))
+
+def run(job_id, cfg):
+    raise RankLost("a rank of this role's group of 2 is gone (test)")
+
+JobWorker(store, "subagent", "subagent-0", run)._loop()
+"""
+
+
+def test_a_trainer_that_loses_a_rank_exits_and_leaves_the_job_to_resume(store, tmp_path):
+    """Not failed: the process exits (EX_TEMPFAIL) with the dispatch entry still pending, so the
+    restarted group takes the job up again."""
+    import subprocess
+    import sys
+
+    url = store.client.connection_pool.connection_kwargs
+    proc = subprocess.run([sys.executable, "-c", LOSE_A_RANK, f"redis://{url['host']}:{url['port']}/0"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "lost a rank" in proc.stderr
+    assert store.jobs.get("job-w").status == "running"  # not failed
+    assert JobWorker(store, "subagent", "subagent-0", lambda *_: True).consumer.read(count=1, block_ms=100)

@@ -1,0 +1,86 @@
+"""A role's policy sharded over the group's ranks with FSDP2 (`fully_shard` per decoder layer, then the
+root; bf16 parameters with fp32 gradient reduction on GPU). Every rank builds it from the model's
+config and takes rank 0's weights by broadcast, so only rank 0 (the service) reads the checkpoint.
+
+The update is `mgrpo.training.ppo_update` with `shard=(rank, W)`; the full weights and the optimizer
+state are gathered to rank 0 (`full_weights`, `full_optimizer_state`: FQN-keyed, so a checkpoint of W
+ranks resumes on any other W, W = 1 included)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from mgrpo.agents.loop import Transcript
+from mgrpo.parallel.group import device
+from mgrpo.training import UpdateSettings, ppo_update
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
+    """The repeated blocks FSDP shards one by one (HF causal LMs keep them at `model.layers`)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(model).__name__} has no .model.layers to shard; only HF decoder-only LMs are supported"
+        )
+    return cast(Sequence[torch.nn.Module], layers)
+
+
+class ShardedPolicy:
+    def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
+                 optimizer_state: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """On every rank: `config` (the HF config dict), `lr`; rank 0 passes `source` (its full model,
+        copied, not changed) and a full `optimizer_state` to resume (None elsewhere)."""
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if source is not None:
+            model = copy.deepcopy(source)
+        else:
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+        torch.nn.Module.to(model, device())
+        gpu = device().type == "cuda"
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if gpu
+            else MixedPrecisionPolicy()
+        )
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        full = get_model_state_dict(source) if source is not None else {}
+        set_model_state_dict(model, full, options=FROM_RANK0)
+        self.model: PreTrainedModel = model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        has_state = [optimizer_state is not None]
+        dist.broadcast_object_list(has_state, src=0)
+        if has_state[0]:
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer_state or {}, options=FROM_RANK0)
+
+    def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *, pad_id: int,
+               seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
+        return ppo_update(self.model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale,
+                          shard=(self.rank, self.world))  # fmt: skip
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The gathered state dict on rank 0 (CPU), {} elsewhere: every rank must call it."""
+        return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=FULL))
+
+    def full_optimizer_state(self) -> dict[str, Any]:
+        """The gathered, FQN-keyed optimizer state on rank 0, {} elsewhere: every rank must call it."""
+        return cast(dict[str, Any], get_optimizer_state_dict(self.model, self.optimizer, options=FULL))

@@ -1,0 +1,107 @@
+"""The calls rank 0 — a role's service — makes every rank of its group run (verl's single controller
+over a worker group, on torch.distributed itself): `call(name, **kwargs)` broadcasts (name, kwargs)
+from rank 0 and runs the call there too; ranks > 0 sit in `serve`, running each call as it comes,
+until `shutdown`. A call's collectives (FSDP's all-gathers and reduce-scatters) so run in the same
+order on every rank. One call at a time.
+
+Calls: `open` (build the sharded policy of a job's role from rank 0's model), `update` (one PPO update
+on the step's samples, split across the ranks), `weights` and `optimizer_state` (gathered to rank 0),
+`close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
+others serving. A rank that dies fails rank 0's next collective at once (gloo: "Connection closed by
+peer"): `call` raises `RankLost`, on which the service exits rather than failing the job, so that
+torchrun (or Kubernetes) restarts the group and the job resumes from its last checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from mgrpo.parallel.fsdp import ShardedPolicy
+
+log = logging.getLogger("mgrpo.parallel")
+_lock = threading.Lock()
+_policy: ShardedPolicy | None = None
+
+
+class RankLost(RuntimeError):
+    """A collective failed because another rank of the group is gone: the group cannot go on."""
+
+
+def _lost(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "NCCL", "Connection closed"))
+
+
+def _open(config: dict[str, Any], lr: float, source: Any = None, optimizer_state: Any = None) -> None:
+    global _policy
+    _policy = ShardedPolicy(config, lr, source=source, optimizer_state=optimizer_state)
+
+
+def _opened() -> ShardedPolicy:
+    if _policy is None:
+        raise RuntimeError("no sharded policy is open on this rank (call 'open' first)")
+    return _policy
+
+
+def _close() -> None:
+    global _policy
+    _policy = None
+
+
+CALLS: dict[str, Callable[..., Any]] = {
+    "open": _open,
+    "update": lambda **kw: _opened().update(**kw),
+    "weights": lambda: _opened().full_weights(),
+    "optimizer_state": lambda: _opened().full_optimizer_state(),
+    "close": _close,
+}
+
+
+def call(name: str, local: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    """On rank 0: run `name` on every rank with `kwargs` (sent); `local` (rank 0's own, never sent:
+    e.g. its full model) goes only to rank 0's call. Returns rank 0's result."""
+    if name not in CALLS:
+        raise ValueError(f"unknown call {name!r}: one of {sorted(CALLS)}")
+    with _lock:
+        try:
+            dist.broadcast_object_list([(name, kwargs)], src=0)
+            return CALLS[name](**kwargs, **(local or {}))
+        except RuntimeError as exc:
+            if _lost(exc):
+                raise RankLost(
+                    f"a rank of this role's group of {dist.get_world_size()} is gone ({exc})"
+                ) from exc
+            raise
+
+
+def serve() -> None:
+    """On ranks > 0: run rank 0's calls until it sends `exit`."""
+    while serve_one():
+        pass
+
+
+def serve_one() -> bool:
+    """On ranks > 0: run rank 0's next call; False when it was `exit`."""
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0)
+    name, kwargs = box[0]
+    if name == "exit":
+        return False
+    try:
+        CALLS[name](**kwargs)
+    except Exception:  # raised alike on rank 0, which reports it; this rank waits for the next call
+        log.exception("rank %d: call %r failed", dist.get_rank(), name)
+    return True
+
+
+def shutdown() -> None:
+    """On rank 0: let the other ranks' `serve` return, then leave the group."""
+    if dist.is_initialized():
+        with _lock, contextlib.suppress(RuntimeError):  # a group already broken has nothing to stop
+            dist.broadcast_object_list([("exit", {})], src=0)
+        dist.destroy_process_group()

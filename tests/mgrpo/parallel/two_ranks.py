@@ -1,0 +1,43 @@
+"""Run under `torchrun --nproc-per-node 2` by test_fsdp.py: the two updates of `updates.py` on a policy
+sharded over 2 ranks (gloo), from scratch (state after each update → `<out>/w2-1.pt`, `w2-2.pt`) and
+from a W = 1 state after the first (`<out>/w1-1.pt` → the second update → `<out>/w1to2-2.pt`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mgrpo.parallel.fsdp import ShardedPolicy
+from mgrpo.parallel.group import init_from_env
+from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
+
+
+def run(policy: ShardedPolicy, pad_id: int, vocab: int, update: int, out: Path | None) -> None:
+    batch, stale = samples(update, vocab)
+    metrics = policy.update(batch, SETTINGS[update], pad_id=pad_id, seed=update, stale=stale)
+    weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
+    if dist.get_rank() == 0 and out is not None:
+        save(out, weights, optimizer, metrics)
+
+
+def main(out: Path) -> None:
+    assert init_from_env(timeout_s=120)
+    model, tok = tiny()
+    rank0 = dist.get_rank() == 0
+    policy = ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None)
+    run(policy, tok.pad_token_id, len(tok), 0, out / "w2-1.pt")
+    run(policy, tok.pad_token_id, len(tok), 1, out / "w2-2.pt")
+    start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
+    if start is not None:
+        model.load_state_dict(start["weights"])
+    policy = ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None,
+                           optimizer_state=start["optimizer"] if start else None)  # fmt: skip
+    run(policy, tok.pad_token_id, len(tok), 1, out / "w1to2-2.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,48 @@
+"""What the data-parallel tests train: a tiny model, hand-built samples and two updates' settings
+(the second with stale samples and token-mean, so the proximal pass and both denominators run), the
+same in the test process (W = 1) and under torchrun (`two_ranks.py`, W = 2)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mgrpo.agents.loop import Transcript
+from mgrpo.models import build_model, train_tokenizer
+from mgrpo.training import UpdateSettings
+
+LR = 1e-3
+SETTINGS = (
+    UpdateSettings(
+        minibatch_size=4, ppo_epochs=2
+    ),  # 5 samples: the last minibatch of 1 leaves rank 1 a weight-0 row
+    UpdateSettings(minibatch_size=3, ppo_epochs=1, loss_agg="token-mean"),
+)
+
+
+def tiny() -> tuple[torch.nn.Module, Any]:
+    tok = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20)
+    return build_model("tiny", tok, seed=0), tok
+
+
+def samples(update: int, vocab: int) -> tuple[list[tuple[Transcript, float]], list[bool]]:
+    rng = random.Random(update)
+    out = []
+    for _ in range(5 if update == 0 else 7):
+        n, p = rng.randint(6, 24), rng.randint(2, 5)
+        t = Transcript(token_ids=[rng.randrange(vocab) for _ in range(n)],
+                       logp=[-3 * rng.random() for _ in range(n)], mask=[0] * p + [1] * (n - p), prompt_len=p)  # fmt: skip
+        if update == 1 and len(out) == 2:
+            t.mask = [0] * n  # a row with no trained token: outside the seq-mean denominator
+        out.append((t, rng.uniform(-1, 1)))
+    stale = [update == 1 and i % 2 == 0 for i in range(len(out))]
+    return out, stale
+
+
+def save(
+    path: Path, weights: dict[str, torch.Tensor], optimizer: dict[str, Any], metrics: dict[str, float]
+) -> None:
+    torch.save({"weights": weights, "optimizer": optimizer, "metrics": metrics}, path)

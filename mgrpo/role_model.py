@@ -119,7 +119,7 @@ class RoleModel:
                 metrics = ranks.call("update", samples=batch, settings=self.settings, pad_id=self.pad_id,
                                      seed=seed, stale=stale)  # fmt: skip
                 t0 = time.perf_counter()
-                self.model.load_state_dict(ranks.call("weights"))
+                ranks.call("sync", local={"into": self.model})
                 metrics["weight_sync_s"] = time.perf_counter() - t0
             else:
                 metrics = ppo_update(self.model, self.optimizer, batch, self.settings, pad_id=self.pad_id,

@@ -19,6 +19,17 @@ def run(policy: ShardedPolicy, pad_id: int, vocab: int, update: int, out: Path |
     batch, stale = samples(update, vocab)
     metrics = policy.update(batch, SETTINGS[update], pad_id=pad_id, seed=update, stale=stale)
     weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
+    synced = tiny()[0] if dist.get_rank() == 0 else None
+    if synced is not None:
+        torch.nn.init.zeros_(synced.model.embed_tokens.weight)  # every row must come from the sync
+        for p in synced.parameters():
+            p.data.zero_()
+    policy.sync_into(synced, bucket_mb=0.05)  # several buckets
+    if synced is not None:
+        for name, tensor in synced.state_dict().items():
+            assert torch.equal(tensor, weights[name]), (
+                f"sync_into differs from the gathered state dict at {name}"
+            )
     if dist.get_rank() == 0 and out is not None:
         save(out, weights, optimizer, metrics)
 

@@ -1,0 +1,172 @@
+"""A role's trainer on W = 2 ranks vs one process (issue 15), in one run on this machine's cores:
+
+    .venv/bin/python bench/ranks_bench.py [--samples 64] [--tokens 256] [--repeats 3] [--out docs/results/ranks-results.json]
+
+1. **Update**: one PPO update (`ppo_update`, the `small` preset, `--samples` random transcripts of
+   `--tokens` tokens, minibatch 32) in one process with all the cores vs FSDP2 over two gloo ranks
+   under torchrun (one core each): seconds per update and samples/s, median of `--repeats`.
+2. **Weight sync** vs model size (random weights, tiny to ~400 MB of fp32): the sharded policy's
+   weights into rank 0's full model (what reaches the rollout engine after each update,
+   `weight_sync_s`: `ShardedPolicy.sync_into`, bucketed gathers) against a raw `broadcast` of the
+   same bytes in the same group: seconds, GB/s, and sync / raw bandwidth (goal ≥ 0.8); and, for
+   comparison, torch's `get_model_state_dict(full_state_dict=True)` + `load_state_dict`.
+
+Prints a table and writes the JSON. The W = 2 half runs as `torchrun --nproc-per-node 2` of this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mgrpo.agents.loop import Transcript  # noqa: E402
+from mgrpo.models import build_model, n_params, train_tokenizer  # noqa: E402
+from mgrpo.training import UpdateSettings, ppo_update  # noqa: E402
+
+SETTINGS = UpdateSettings(minibatch_size=32, ppo_epochs=1)
+# name → Qwen3 shape (vocab 320): random weights for the sync sizes
+SHAPES = {
+    "tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=24),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32),
+    "100MB": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+    "400MB": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64),
+}  # fmt: skip
+
+
+def tokenizer():
+    return train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20)
+
+
+def model_of(shape: str, tok):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=1024, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **SHAPES[shape])  # fmt: skip
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def batch(n: int, tokens: int, vocab: int) -> list[tuple[Transcript, float]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        ids = torch.randint(0, vocab, (tokens,), generator=g).tolist()
+        t = Transcript(ids, [-1.0] * tokens, [0] * 32 + [1] * (tokens - 32), 32)
+        out.append((t, 1.0 if i % 2 else -1.0))
+    return out
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sync_sizes(shape: str, tok, rank0: bool, repeats: int) -> dict:
+    """Under torchrun: one model size's sync, torch's state-dict sync and a raw broadcast, in seconds."""
+    import torch.distributed as dist
+
+    from mgrpo.parallel.fsdp import ShardedPolicy
+
+    full = model_of(shape, tok)
+    policy = ShardedPolicy(full.config.to_dict(), 1e-5, source=full if rank0 else None)
+    nbytes = sum(p.numel() * p.element_size() for p in full.parameters())
+
+    def state_dict_sync() -> None:
+        weights = policy.full_weights()
+        if rank0:
+            full.load_state_dict(weights)
+
+    flat = torch.zeros(nbytes // 4, dtype=torch.float32)
+    sync_s = median_time(lambda: policy.sync_into(full if rank0 else None), repeats)
+    sd_s = median_time(state_dict_sync, repeats)
+    raw_s = median_time(lambda: dist.broadcast(flat, src=0), repeats)
+    return {"model": shape, "params": n_params(full), "MB": nbytes / 1e6, "sync_s": sync_s, "raw_broadcast_s": raw_s,
+            "state_dict_sync_s": sd_s, "sync_GBps": nbytes / sync_s / 1e9, "raw_GBps": nbytes / raw_s / 1e9,
+            "sync_over_raw": raw_s / sync_s}  # fmt: skip
+
+
+def one_process(args) -> dict:
+    tok = tokenizer()
+    model = build_model("small", tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    data = batch(args.samples, args.tokens, len(tok))
+    s = median_time(lambda: ppo_update(model, opt, data, SETTINGS, pad_id=tok.pad_token_id), args.repeats)
+    return {"update_s": s, "samples_per_s": args.samples / s, "threads": torch.get_num_threads()}
+
+
+def two_ranks(args) -> None:
+    """Under torchrun: the update and the sync sizes; rank 0 writes the JSON to args.worker_out."""
+    import torch.distributed as dist
+
+    from mgrpo.parallel.fsdp import ShardedPolicy
+    from mgrpo.parallel.group import init_from_env
+
+    init_from_env(timeout_s=600)
+    rank0, out = dist.get_rank() == 0, {}
+    tok = tokenizer()
+    model = build_model("small", tok)
+    policy = ShardedPolicy(model.config.to_dict(), 1e-5, source=model if rank0 else None)
+    data = batch(args.samples, args.tokens, len(tok))
+    s = median_time(
+        lambda: policy.update(data, SETTINGS, pad_id=tok.pad_token_id, seed=0, stale=None), args.repeats
+    )
+    out["update"] = {"update_s": s, "samples_per_s": args.samples / s, "threads": torch.get_num_threads()}
+    out["sync"] = [sync_sizes(shape, tok, rank0, args.repeats) for shape in SHAPES]
+    if rank0:
+        Path(args.worker_out).write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "docs/results/ranks-results.json"))
+    ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_out:
+        return two_ranks(args)
+    w1 = one_process(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        worker_out = Path(tmp) / "w2.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
+               f"--samples={args.samples}", f"--tokens={args.tokens}", f"--repeats={args.repeats}",
+               f"--worker-out={worker_out}"]  # fmt: skip
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        w2 = json.loads(worker_out.read_text())
+    result = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "samples": args.samples,
+              "tokens": args.tokens, "update_w1": w1, "update_w2": w2["update"], "sync": w2["sync"],
+              "update_w2_over_w1_speed": w1["update_s"] / w2["update"]["update_s"]}  # fmt: skip
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"update ({args.samples} × {args.tokens} tokens, small preset): W=1 {w1['update_s']:.2f} s "
+          f"({w1['samples_per_s']:.1f} samples/s, {w1['threads']} threads)  W=2 {w2['update']['update_s']:.2f} s "
+          f"({w2['update']['samples_per_s']:.1f} samples/s, 1 thread per rank)  W=2/W=1 speed "
+          f"{result['update_w2_over_w1_speed']:.2f}")  # fmt: skip
+    print(
+        f"{'model':>6} {'MB':>7} {'sync s':>7} {'raw s':>7} {'state-dict s':>12} {'sync GB/s':>9} {'raw GB/s':>8} {'sync/raw':>8}"
+    )
+    for r in w2["sync"]:
+        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {r['state_dict_sync_s']:12.3f} "
+              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

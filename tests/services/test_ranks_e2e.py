@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1200)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 TOKEN = "ranks-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
-JOB = {"steps": 3, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
+JOB = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
        "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
 
 

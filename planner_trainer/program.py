@@ -68,7 +68,10 @@ class ProgramRootJob(PlannerJob):
         self.role_urls = role_urls
         self.program = load_program(self.cfg.program)
         self.sessions = ChatSessions()
-        self.program_errors = 0
+        self.program_errors = 0  # the program raised, or returned something other than a string
+        self.empty_answers = (
+            0  # it returned an empty answer (a model may say nothing): scored as a failed run
+        )
 
     # ---- serving the root role's own calls --------------------------------------------------------
     def chat_completion(self, session: str | None, body: dict[str, Any]) -> dict[str, Any]:
@@ -97,9 +100,12 @@ class ProgramRootJob(PlannerJob):
                 "job %s: the program failed on %s: %s: %s", self.job_id, session, type(exc).__name__, exc
             )
             answer = None
-        if not isinstance(answer, str) or not answer.strip():
+        if not isinstance(answer, str):
             self.program_errors += 1
             tr.fail("program_error")
+        elif not answer.strip():
+            self.empty_answers += 1
+            tr.fail("empty_answer")
         else:
             tr.finish, tr.final = "answer", answer
         return tr, []
@@ -107,7 +113,11 @@ class ProgramRootJob(PlannerJob):
     def produce(self, step: int) -> Rollouts:
         timer, K = PhaseTimer(), self.cfg.rollouts_per_query
         self.wait_bound(step, timer)
-        questions, errors_before = self._questions(step), self.program_errors
+        questions, errors_before, empty_before = (
+            self._questions(step),
+            self.program_errors,
+            self.empty_answers,
+        )
         with timer("rollout"):
             transcripts, _ = self._rollouts(step, questions)
         with timer("reward"):
@@ -126,6 +136,7 @@ class ProgramRootJob(PlannerJob):
             values = {
                 "planner/success": finite_mean(correct), "planner/reward_mean": finite_mean(correct),
                 "planner/program_errors": float(self.program_errors - errors_before),
+                "planner/empty_answers": float(self.empty_answers - empty_before),
                 "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
                 **{f"{r}/calls": float(sum(len(e) for per_q in calls[r] for e in per_q)) for r in calls},
                 **{f"planner/{k}": v for k, v in self.sessions.take_counts().items()},

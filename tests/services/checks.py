@@ -3,6 +3,7 @@ each ledger, is every training queue accounted? And API-only services to send re
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,27 @@ def assert_updated(role: str, start: str | Path, trained: str | Path, records: l
     else:
         assert not changed, f"{role}: every gradient was 0, yet {changed[:3]} moved"
     return max(grads) > 0
+
+
+@contextmanager
+def supervised(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The cluster started, with its own supervisor (`LocalCluster.supervise`, what `mgrpo local up`
+    runs) restarting whatever dies, five times a second; stopped afterwards."""
+    stop = threading.Event()
+
+    def supervisor() -> None:
+        while not stop.is_set():
+            cluster.supervise()
+            stop.wait(0.2)
+
+    with cluster:
+        keeper = threading.Thread(target=supervisor, daemon=True)
+        keeper.start()
+        try:
+            yield cluster
+        finally:
+            stop.set()
+            keeper.join(5)
 
 
 @contextmanager

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from mgrpo.runtime import warmstart_config
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
-from tests.services.checks import assert_accounted
+from tests.services.checks import assert_accounted, supervised
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -50,50 +49,37 @@ def test_random_kills_lose_no_job_and_no_step(tmp_path):
     cached_warmstart(warmstart_config(JobConfig()), CACHE)
     rng = random.Random(int(os.environ.get("MGRPO_CHAOS_SEED", "17")))
     cluster = LocalCluster(tmp_path, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)})
-    stop = threading.Event()
-
-    def supervisor() -> None:
-        while not stop.is_set():
-            cluster.supervise()
-            stop.wait(0.2)
-
-    with cluster:
-        keeper = threading.Thread(target=supervisor, daemon=True)
-        keeper.start()
+    with supervised(cluster):
         url, store, killed = cluster.url("controller"), Store.connect(cluster.redis_url), []
         parts = ["planner", "subagent", "controller", "redis"]
         victims = [
             *rng.sample(parts, len(parts)),
             rng.choice(parts),
         ]  # each part at least once, in random order
-        try:
-            for trial in range(TRIALS):
-                staleness = rng.choice([0, 1])
-                job_id = f"chaos-{trial}"
-                r = httpx.post(f"{url}/v1/jobs", params={"job_id": job_id}, json={**JOB, "max_staleness": staleness},
-                               headers=H, timeout=30)  # fmt: skip
-                assert r.status_code == 201, r.text
-                while job_status(url, job_id)["status"] == "queued":
-                    time.sleep(0.2)
-                time.sleep(rng.uniform(0.5, 12.0))  # somewhere in the job: rollouts, an update, a checkpoint
-                victim = victims[trial]
-                if victim == "redis":
-                    cluster.redis.kill()
-                else:
-                    cluster.procs[victim].kill()  # SIGKILL; the supervisor restarts it
-                killed.append((job_id, victim))
-                deadline = time.monotonic() + 900
-                while (job := job_status(url, job_id))["status"] not in ("succeeded", "failed", "cancelled"):
-                    assert time.monotonic() < deadline, f"{job_id} stuck after killing {victim}: {job}"
-                    time.sleep(0.5)
-                assert job["status"] == "succeeded", (victim, job["reason"])
-                marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
-                assert marks == sorted((r, s) for r in keys.ROLES for s in range(JOB["steps"])), (
-                    victim,
-                    marks,
-                )
-                assert_accounted(store, job_id, keys.ROLES)
-        finally:
-            stop.set()
-            keeper.join(5)
+        for trial in range(TRIALS):
+            staleness = rng.choice([0, 1])
+            job_id = f"chaos-{trial}"
+            r = httpx.post(f"{url}/v1/jobs", params={"job_id": job_id}, json={**JOB, "max_staleness": staleness},
+                           headers=H, timeout=30)  # fmt: skip
+            assert r.status_code == 201, r.text
+            while job_status(url, job_id)["status"] == "queued":
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0.5, 12.0))  # somewhere in the job: rollouts, an update, a checkpoint
+            victim = victims[trial]
+            if victim == "redis":
+                cluster.redis.kill()
+            else:
+                cluster.procs[victim].kill()  # SIGKILL; the supervisor restarts it
+            killed.append((job_id, victim))
+            deadline = time.monotonic() + 900
+            while (job := job_status(url, job_id))["status"] not in ("succeeded", "failed", "cancelled"):
+                assert time.monotonic() < deadline, f"{job_id} stuck after killing {victim}: {job}"
+                time.sleep(0.5)
+            assert job["status"] == "succeeded", (victim, job["reason"])
+            marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
+            assert marks == sorted((r, s) for r in keys.ROLES for s in range(JOB["steps"])), (
+                victim,
+                marks,
+            )
+            assert_accounted(store, job_id, keys.ROLES)
     print(f"chaos: {TRIALS} trials passed; killed {killed}; restarts {cluster.restarts}")

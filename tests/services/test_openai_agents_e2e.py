@@ -70,8 +70,9 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
     assert (
         planner["planner/program_errors"] == 0 and planner["planner/calls"] == 2 * 2 * 4
     )  # 2 planner calls a run
-    # one batch a step of its well-formed answers (a random model may give an empty one: not scored)
+    # one batch a step of its well-formed answers (a random model may give an empty one: counted, not scored)
     assert len(reward.batches) == 2 and all(1 <= len(b) <= 8 for b in reward.batches), reward.batches
+    assert len(reward.batches[-1]) == 8 - planner["planner/empty_answers"], (reward.batches, planner)
     for role in ROLES:  # every role's calls were recorded, trained on, and moved its model
         counts = view["samples"][role]
         assert counts["produced"] > 0 and counts["trained"] > 0, (role, counts)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,14 @@ from mgrpo.runtime import warmstart_config
 from mgrpo.warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
-from tests.services.checks import assert_accounted, assert_updated, final_checkpoint, rank_pid, wait_ledger
+from tests.services.checks import (
+    assert_accounted,
+    assert_updated,
+    final_checkpoint,
+    rank_pid,
+    supervised,
+    wait_ledger,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1200)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -34,39 +40,25 @@ def test_two_rank_subagent_trains_and_survives_losing_a_rank(tmp_path, redis_url
     warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
     cluster = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, ranks={"subagent": 2},
                            extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
-    stop = threading.Event()
-
-    def supervisor() -> None:
-        while not stop.is_set():
-            cluster.supervise()
-            stop.wait(0.2)
-
-    with cluster:
-        keeper = threading.Thread(target=supervisor, daemon=True)
-        keeper.start()
+    with supervised(cluster):
         store, url = Store.connect(cluster.redis_url), cluster.url("controller")
-        try:
-            r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
-            assert r.status_code == 201, r.text
-            job_id = r.json()["job_id"]
-            wait_ledger(store, job_id, "subagent", 0)
-            os.kill(rank_pid(cluster, "subagent", 1), signal.SIGKILL)
-            deadline = time.monotonic() + 900
-            while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
-                "queued",
-                "running",
-            ):
-                assert time.monotonic() < deadline, f"stuck after losing a rank: {job}"
-                time.sleep(0.5)
-        finally:
-            stop.set()
-            keeper.join(5)
+        r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+        wait_ledger(store, job_id, "subagent", 0)
+        os.kill(rank_pid(cluster, "subagent", 1), signal.SIGKILL)
+        deadline = time.monotonic() + 900
+        while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
+            "queued",
+            "running",
+        ):
+            assert time.monotonic() < deadline, f"stuck after losing a rank: {job}"
+            time.sleep(0.5)
         assert job["status"] == "succeeded", job["reason"]
         assert cluster.restarts.get("subagent") == 1, cluster.restarts  # the group, once; nothing else
         log = (tmp_path / "logs" / "subagent.log").read_text()
-        assert "(exitcode: -9) local_rank: 1" in log, log[
-            -3000:
-        ]  # torchrun saw rank 1 killed and stopped the group
+        # torchrun saw rank 1 killed and stopped the group
+        assert "(exitcode: -9) local_rank: 1" in log, log[-3000:]
         marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
         assert marks == sorted((r, s) for r in keys.ROLES for s in range(JOB["steps"])), marks
         assert_accounted(store, job_id, keys.ROLES)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
@@ -149,13 +150,14 @@ def _minibatch(
     share = 1.0  # this rank's part of the minibatch's loss denominator
     if world > 1:
         total = agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg)
-        rows = list(range(rank, len(batch_samples), world)) or [0]  # a row with weight 0 when none is left
-        mine = [batch_samples[i] for i in rows]
+        rows = list(range(rank, len(batch_samples), world))
         share = (
-            agg_count([t.mask[1:] for t, _ in mine], s.loss_agg) / max(total, 1)
-            if rank < len(batch_samples)
+            agg_count([batch_samples[i][0].mask[1:] for i in rows], s.loss_agg) / max(total, 1)
+            if rows
             else 0.0
         )
+        rows = rows or [0]  # a row with weight 0 when none is left: the collectives need this rank
+        mine = [batch_samples[i] for i in rows]
         batch_samples, prox = mine, None if prox is None else [prox[i] for i in rows]
     batch = collate([t for t, _ in batch_samples], pad_id).to(model.device)
     logp_prox = None
@@ -192,8 +194,6 @@ def reduce_metrics(metrics: dict[str, float], share: float) -> dict[str, float]:
     """One minibatch's metrics over the ranks: the means weighted by each rank's `share` of the loss
     denominator (so `loss` is the minibatch's loss), `tokens` summed, `ratio_max` the max, `grad_norm`
     (already global) as it is."""
-    import torch.distributed as dist
-
     keys = sorted(k for k in metrics if k not in ("grad_norm", "ratio_max"))
     vals = torch.tensor(
         [metrics[k] if k == "tokens" else metrics[k] * share for k in keys], dtype=torch.float64

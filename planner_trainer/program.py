@@ -69,9 +69,8 @@ class ProgramRootJob(PlannerJob):
         self.program = load_program(self.cfg.program)
         self.sessions = ChatSessions()
         self.program_errors = 0  # the program raised, or returned something other than a string
-        self.empty_answers = (
-            0  # it returned an empty answer (a model may say nothing): scored as a failed run
-        )
+        # it returned an empty answer (a model may say nothing): scored as a failed run
+        self.empty_answers = 0
 
     # ---- serving the root role's own calls --------------------------------------------------------
     def chat_completion(self, session: str | None, body: dict[str, Any]) -> dict[str, Any]:

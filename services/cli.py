@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -88,15 +89,22 @@ def serve(
         ) from None
     except RuntimeError as exc:
         raise fail(str(exc)) from None
-    from mgrpo.parallel import group
-    from mgrpo.parallel import ranks as rank_calls
 
-    if ranks is not None and role == "controller":
-        raise fail("--ranks is for the trainer services (planner, subagent), not the controller")
-    ranks = settings.ranks if ranks is None else ranks
-    if (
-        ranks > 1 and role != "controller" and "WORLD_SIZE" not in os.environ
-    ):  # not yet under torchrun: start W ranks of this command
+    def run() -> None:
+        uvicorn.run(apps[role], host=host, port=port, log_level=log_level,
+                    timeout_graceful_shutdown=settings.shutdown_grace_s)  # fmt: skip  # SIGTERM: stopped within ~2 s
+
+    if role == "controller":
+        if ranks is not None:
+            raise fail("--ranks is for the trainer services (planner, subagent), not the controller")
+        return run()
+    _serve_trainer(settings.ranks if ranks is None else ranks, run)
+
+
+def _serve_trainer(ranks: int, run: Callable[[], None]) -> None:
+    """A trainer service on `ranks` ranks: not yet under torchrun, this very command restarts under it
+    (W processes); there, rank 0 runs the service and the others run its training calls."""
+    if ranks > 1 and "WORLD_SIZE" not in os.environ:
         torchrun = [
             "-m",
             "torch.distributed.run",
@@ -105,17 +113,14 @@ def serve(
             "--max-restarts=0",
         ]
         os.execv(sys.executable, [sys.executable, *torchrun, "-m", "services.cli", *sys.argv[1:]])
-    if role != "controller" and group.init_from_env() and group.rank() > 0:
-        rank_calls.serve()  # under torchrun: rank 0 is the service, the others run its training calls
+    from mgrpo.parallel import group
+    from mgrpo.parallel import ranks as rank_calls
+
+    if group.init_from_env() and group.rank() > 0:
+        rank_calls.serve()
         return
     try:
-        uvicorn.run(
-            apps[role],
-            host=host,
-            port=port,
-            log_level=log_level,
-            timeout_graceful_shutdown=settings.shutdown_grace_s,
-        )  # SIGTERM: stopped within ~2 s
+        run()
     finally:
         rank_calls.shutdown()
 

@@ -116,18 +116,9 @@ class LocalCluster:
     def start_role(self, role: str) -> None:
         log = (self.run_dir / "logs" / f"{role}.log").open("ab")
         pin = ["taskset", "-c", self.cpus[role]] if role in self.cpus else []
-        w = self.ranks.get(role, 1)
-        torchrun = [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={w}",
-            "--max-restarts=0",
-        ]
         cmd = [
             *pin,
             sys.executable,
-            *(torchrun if w > 1 else []),
             "-m",
             "services.cli",
             "serve",

@@ -9,9 +9,9 @@ ranks resumes on any other W, W = 1 included).
 The weight sync after every update (`sync_into`, rank 0's full model: the rollout engine's) gathers
 the shards in buckets: each rank > 0 packs its dim-0 shards of a bucket's parameters (padded to the
 even chunk FSDP2 gives each rank) into one flat buffer (kept between syncs) and sends it to rank 0,
-which meanwhile copies its own rows into its model's parameters, then each other rank's. `full_weights` (one
-all-gather and one CPU copy per parameter) measured 4-5× slower than a raw broadcast of the same
-bytes (`bench/ranks_bench.py`)."""
+which meanwhile copies its own rows into its model's parameters, then each other rank's. `full_weights`
+(one all-gather and one CPU copy per parameter) reached a fifth to a third of a raw broadcast's
+bandwidth of the same bytes (`bench/ranks_bench.py`)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
+from mgrpo.checkpoint import FULL
 from mgrpo.parallel.group import device
 from mgrpo.training import UpdateSettings, ppo_update
 
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
@@ -111,10 +111,11 @@ class ShardedPolicy:
     ) -> None:
         slots = [(_chunk_rows(p.shape[0], self.world), p.numel() // max(p.shape[0], 1)) for _, p in bucket]
         n = sum(c * w for c, w in slots)
-        if self._buffers.get(i, torch.empty(0)).numel() != n * max(
-            self.world - 1, 1
-        ):  # kept: no page faults each time
-            self._buffers[i] = torch.zeros(n * max(self.world - 1, 1), dtype=torch.float32, device=device())
+        size = n * max(self.world - 1, 1)  # rank 0 receives every other rank's part; the others send theirs
+        if (
+            self._buffers.get(i, torch.empty(0)).numel() != size
+        ):  # kept between syncs: no page faults each time
+            self._buffers[i] = torch.zeros(size, dtype=torch.float32, device=device())
         buf = self._buffers[i]
         if (
             self.rank > 0

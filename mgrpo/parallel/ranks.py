@@ -6,7 +6,7 @@ order on every rank. One call at a time.
 
 Calls: `open` (build the sharded policy of a job's role from rank 0's model), `update` (one PPO update
 on the step's samples, split across the ranks), `sync` (the weights into rank 0's full model),
-`weights` and `optimizer_state` (gathered to rank 0), `close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
+`optimizer_state` (gathered to rank 0), `close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
 others serving. A rank that dies fails rank 0's next collective at once (gloo: "Connection closed by
 peer"): `call` raises `RankLost`, on which the service exits rather than failing the job, so that
 torchrun (or Kubernetes) restarts the group and the job resumes from its last checkpoint."""
@@ -56,7 +56,6 @@ def _close() -> None:
 CALLS: dict[str, Callable[..., Any]] = {
     "open": _open,
     "update": lambda **kw: _opened().update(**kw),
-    "weights": lambda: _opened().full_weights(),
     "sync": lambda into=None: _opened().sync_into(into),
     "optimizer_state": lambda: _opened().full_optimizer_state(),
     "close": _close,

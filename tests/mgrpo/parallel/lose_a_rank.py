@@ -20,6 +20,6 @@ if __name__ == "__main__":
     time.sleep(1.0)
     t0 = time.monotonic()
     try:
-        ranks.call("weights")
+        ranks.call("optimizer_state")
     except ranks.RankLost as exc:
         print(f"RankLost after {time.monotonic() - t0:.1f} s: {exc}", flush=True)

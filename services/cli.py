@@ -8,28 +8,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from mgrpo import __version__
-
-if TYPE_CHECKING:
-    pass
-
-app = typer.Typer(
-    name="mgrpo",
-    help="Decoupled multi-server M-GRPO training for multi-agent LLM systems.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-console = Console()
-
-
-def fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(code=2)
+from services.cli_base import app, console, fail, read_config
 
 
 @app.command()
@@ -216,166 +200,6 @@ def _parse_ranks(items: list[str], roles: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
-def _client(url: str, token: str) -> Any:
-    import httpx
-
-    return httpx.Client(
-        base_url=url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=30
-    )
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    import yaml
-
-    if not path.exists():
-        raise fail(f"no config file at {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise fail(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise fail(f"{path} must hold a mapping of job config fields")
-    return data
-
-
-ControllerOpt = Annotated[str, typer.Option(envvar="MGRPO_CONTROLLER_URL", help="Controller URL.")]
-TokenOpt = Annotated[str, typer.Option(envvar="MGRPO_API_TOKEN", help="Bearer token.")]
-ReadTokenOpt = Annotated[
-    str,
-    typer.Option(
-        "--api-token", envvar=["MGRPO_READ_TOKEN", "MGRPO_API_TOKEN"], help="Bearer token (read or admin)."
-    ),
-]
-
-
-@app.command()
-def submit(
-    config: Annotated[Path, typer.Argument(help="Job config (YAML or JSON).")],
-    controller: ControllerOpt = "http://127.0.0.1:8000",
-    api_token: TokenOpt = "",
-    job_id: Annotated[str | None, typer.Option(help="Idempotency: the same id returns the same job.")] = None,
-) -> None:
-    """Submit a job to a running controller (like `kubectl apply -f`)."""
-    import httpx
-
-    body = _read_config(config)
-    try:
-        with _client(controller, api_token) as http:
-            resp = http.post("/v1/jobs", json=body, params={"job_id": job_id} if job_id else None)
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
-    if resp.status_code != 201:
-        raise fail(f"the controller refused the job ({resp.status_code}): {resp.text}")
-    console.print(f"job [bold]{resp.json()['job_id']}[/] {resp.json()['status']}")
-
-
-dataset_app = typer.Typer(help="Datasets in the controller's store (what a job's dataset.source names).")
-app.add_typer(dataset_app, name="dataset")
-
-
-@dataset_app.command("upload")
-def dataset_upload(
-    file: Annotated[
-        Path,
-        typer.Argument(help="A JSONL or Parquet file: rows of query, answer, optional split, id, metadata."),
-    ],
-    name: Annotated[str, typer.Option(help="A label for people (default: the file name).")] = "",
-    controller: ControllerOpt = "http://127.0.0.1:8000",
-    api_token: TokenOpt = "",
-) -> None:
-    """Upload a dataset (like `huggingface-cli upload`); prints its id for the job's dataset.source."""
-    import httpx
-
-    if not file.is_file():
-        raise fail(f"no file at {file}")
-    try:
-        with _client(controller, api_token) as http:
-            resp = http.post("/v1/datasets", content=file.read_bytes(), params={"name": name or file.name},
-                             headers={"Content-Type": "application/octet-stream"})  # fmt: skip
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
-    if resp.status_code not in (200, 201):
-        raise fail(
-            f"the controller refused {file} ({resp.status_code}): {resp.json().get('detail', resp.text)}"
-        )
-    d = resp.json()
-    splits = ", ".join(f"{k} {n}" for k, n in d["splits"].items())
-    console.print(
-        f"dataset [bold]{d['dataset_id']}[/] {'uploaded' if d['created'] else 'already there'}: {d['rows']} rows ({splits})"
-    )
-
-
-@dataset_app.command("list")
-def dataset_list(controller: ControllerOpt = "http://127.0.0.1:8000", api_token: ReadTokenOpt = "") -> None:
-    """List the uploaded datasets (like `kubectl get`)."""
-    import httpx
-    from rich.table import Table
-
-    try:
-        with _client(controller, api_token) as http:
-            resp = http.get("/v1/datasets")
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
-    if resp.status_code != 200:
-        raise fail(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
-    table = Table("DATASET", "NAME", "ROWS", "SPLITS")
-    for d in resp.json()["datasets"]:
-        table.add_row(
-            d["dataset_id"], d["name"], str(d["rows"]), ", ".join(f"{k} {n}" for k, n in d["splits"].items())
-        )
-    console.print(table)
-
-
-@app.command()
-def status(
-    job_id: Annotated[str | None, typer.Argument(help="A job id; all jobs when omitted.")] = None,
-    controller: ControllerOpt = "http://127.0.0.1:8000",
-    api_token: ReadTokenOpt = "",
-) -> None:
-    """Show jobs (like `kubectl get`)."""
-    import httpx
-    from rich.table import Table
-
-    try:
-        with _client(controller, api_token) as http:
-            resp = http.get(f"/v1/jobs/{job_id}" if job_id else "/v1/jobs")
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
-    if resp.status_code != 200:
-        raise fail(f"{resp.status_code}: {resp.json().get('detail', resp.text)}")
-    jobs = [resp.json()] if job_id else resp.json()["jobs"]
-    table = Table("JOB", "STATUS", "WORKFLOW", "STEPS DONE (per role)", "REASON")
-    for j in jobs:
-        done = "  ".join(f"{r} {s + 1}" for r, s in j["steps_done"].items())
-        cfg = j["config"]
-        flow = cfg.get("workflow", "deep_research") + (
-            f" ({cfg['mode']})" if cfg.get("mode", "co_train") != "co_train" else ""
-        )
-        table.add_row(j["job_id"], j["status"], flow, f"{done} of {cfg.get('steps')}", j["reason"][:60])
-    console.print(table)
-
-
-@app.command()
-def resume(
-    job_id: Annotated[str, typer.Argument(help="A failed or cancelled job's id.")],
-    controller: ControllerOpt = "http://127.0.0.1:8000",
-    api_token: TokenOpt = "",
-) -> None:
-    """Run a failed or cancelled job on from its last finished step."""
-    import httpx
-
-    try:
-        with _client(controller, api_token) as http:
-            resp = http.post(f"/v1/jobs/{job_id}/resume")
-    except httpx.HTTPError as exc:
-        raise fail(f"cannot reach the controller at {controller}: {exc}") from None
-    if resp.status_code != 200:
-        raise fail(
-            f"the controller did not resume {job_id} ({resp.status_code}): {resp.json().get('detail', resp.text)}"
-        )
-    console.print(f"job [bold]{job_id}[/] {resp.json()['status']}")
-
-
 @app.command()
 def train(
     config: Annotated[Path, typer.Option("--config", "-c", help="Job config (YAML or JSON).")],
@@ -392,7 +216,7 @@ def train(
     from services.demo import run_train
 
     try:
-        job = JobConfig.model_validate(_read_config(config))
+        job = JobConfig.model_validate(read_config(config))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise fail(f"{config} is not a valid job config: {problems}") from None
@@ -535,6 +359,8 @@ def demo(
     except (RuntimeError, ValueError) as exc:
         raise fail(str(exc)) from None
 
+
+from services import cli_client  # noqa: E402,F401  (the controller's client commands, listed after these)
 
 if __name__ == "__main__":  # pragma: no cover - `python -m services.cli`
     app()

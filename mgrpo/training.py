@@ -182,7 +182,10 @@ def _minibatch(
                                 logp_prox=logp_prox, is_cap=s.is_cap)  # fmt: skip
     optimizer.zero_grad()
     (loss * (share * world) if world > 1 else loss).backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+    clip = getattr(model, "clip_grad_norm_", None)  # a tensor-parallel model clips by its whole norm
+    grad_norm = (
+        clip(s.max_grad_norm) if clip else torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+    )
     optimizer.step()
     metrics["loss"] = loss.item()
     metrics["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)

@@ -8,12 +8,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mgrpo import __version__
 from services.cli_base import app, console, fail, read_config
+
+if TYPE_CHECKING:
+    from services.settings import Settings
 
 
 @app.command()
@@ -39,8 +42,26 @@ def serve(
         typer.Option(
             min=1,
             max=1024,
-            help="Train this role on W ranks of this machine: the service restarts itself under torchrun (--standalone), rank 0 serving, FSDP2 over all (default: MGRPO_RANKS, 1).",
+            help="Train this role on W ranks of this machine: the service restarts itself under torchrun, rank 0 serving, FSDP2 over all (default: MGRPO_RANKS, 1).",
         ),
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1024,
+            help="Machines the role's ranks span, each running this command with its --node-rank (MGRPO_NODES; W = nodes × ranks).",
+        ),
+    ] = None,
+    node_rank: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="This machine's index among the role's nodes; node 0 serves (MGRPO_NODE_RANK)."
+        ),
+    ] = None,
+    rendezvous: Annotated[
+        str | None,
+        typer.Option(help="host:port of node 0, where the nodes meet (MGRPO_RENDEZVOUS)."),
     ] = None,
 ) -> None:
     """Run one service with uvicorn (settings from MGRPO_* and REDIS_URL environment variables)."""
@@ -58,18 +79,22 @@ def serve(
     from mgrpo.runtime import resolve_device
     from services.settings import get_settings
 
-    if as_role is not None:
-        if role == "controller":
-            raise fail("--role is for the trainer services (planner, subagent), not the controller")
-        os.environ["MGRPO_ROLE"] = as_role
-        get_settings.cache_clear()
+    given = {"MGRPO_ROLE": as_role, "MGRPO_RANKS": ranks, "MGRPO_NODES": nodes,
+             "MGRPO_NODE_RANK": node_rank, "MGRPO_RENDEZVOUS": rendezvous}  # fmt: skip
+    for name, value in given.items():
+        if value is not None:
+            if role == "controller":
+                option = "--" + name.removeprefix("MGRPO_").lower().replace("_", "-")
+                raise fail(f"{option} is for the trainer services (planner, subagent), not the controller")
+            os.environ[name] = str(value)
+    get_settings.cache_clear()
     try:  # bad settings fail here, with their variable named, not inside uvicorn's start-up
         settings = get_settings()
         if role != "controller":
             resolve_device(settings.device)
     except ValidationError as exc:
         raise fail(
-            "bad service setting: " + "; ".join(f"{_env_name(e['loc'])}: {e['msg']}" for e in exc.errors())
+            "bad service setting: " + "; ".join(_env_error(e["loc"], e["msg"]) for e in exc.errors())
         ) from None
     except RuntimeError as exc:
         raise fail(str(exc)) from None
@@ -79,28 +104,42 @@ def serve(
                     timeout_graceful_shutdown=settings.shutdown_grace_s)  # fmt: skip  # SIGTERM: stopped within ~2 s
 
     if role == "controller":
-        if ranks is not None:
-            raise fail("--ranks is for the trainer services (planner, subagent), not the controller")
         return run()
-    _serve_trainer(settings.ranks if ranks is None else ranks, run)
+    _serve_trainer(settings, run, host, port)
 
 
-def _serve_trainer(ranks: int, run: Callable[[], None]) -> None:
-    """A trainer service on `ranks` ranks: not yet under torchrun, this very command restarts under it
-    (W processes); there, rank 0 runs the service and the others run its training calls."""
-    if ranks > 1 and "WORLD_SIZE" not in os.environ:
-        torchrun = [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={ranks}",
-            "--max-restarts=0",
+def torchrun_args(settings: Settings) -> list[str]:
+    """torchrun's options for a trainer service on `ranks` ranks per machine over `nodes` machines:
+    one machine is --standalone; several meet at node 0 (static rendezvous, so global rank 0, the
+    service, is always node 0's first process)."""
+    where = (
+        ["--standalone"]
+        if settings.nodes == 1
+        else [
+            f"--nnodes={settings.nodes}",
+            f"--node-rank={settings.node_rank}",
+            f"--master-addr={settings.rendezvous.rsplit(':', 1)[0]}",
+            f"--master-port={settings.rendezvous.rsplit(':', 1)[1]}",
         ]
-        os.execv(sys.executable, [sys.executable, *torchrun, "-m", "services.cli", *sys.argv[1:]])
+    )
+    return ["-m", "torch.distributed.run", *where, f"--nproc-per-node={settings.ranks}", "--max-restarts=0"]
+
+
+def _serve_trainer(settings: Settings, run: Callable[[], None], host: str, port: int) -> None:
+    """A trainer service on W = nodes × ranks ranks: not yet under torchrun, this very command
+    restarts under it; there, rank 0 runs the service and the others run its training calls (the
+    first of them on a node > 0 answers the health probes on the service's port)."""
+    if settings.nodes * settings.ranks > 1 and "WORLD_SIZE" not in os.environ:
+        argv = [sys.executable, *torchrun_args(settings), "-m", "services.cli", *sys.argv[1:]]
+        os.execv(sys.executable, argv)
     from mgrpo.parallel import group
     from mgrpo.parallel import ranks as rank_calls
 
     if group.init_from_env() and group.rank() > 0:
+        if settings.node_rank > 0 and os.environ.get("LOCAL_RANK") == "0":
+            from services.node_health import serve_health
+
+            serve_health(host, port)
         rank_calls.serve()
         return
     try:
@@ -109,9 +148,11 @@ def _serve_trainer(ranks: int, run: Callable[[], None]) -> None:
         rank_calls.shutdown()
 
 
-def _env_name(loc: tuple[int | str, ...]) -> str:
+def _env_error(loc: tuple[int | str, ...], msg: str) -> str:
+    if not loc:  # a check across settings names its variables itself
+        return msg.removeprefix("Value error, ")
     name = "_".join(map(str, loc))
-    return name if name.isupper() else f"MGRPO_{name.upper()}"  # REDIS_URL has no prefix
+    return f"{name if name.isupper() else f'MGRPO_{name.upper()}'}: {msg}"  # REDIS_URL has no prefix
 
 
 WorkflowOpt = Annotated[
@@ -155,14 +196,22 @@ def local_up(
             help="ROLE=W: train that role on W ranks (torchrun, FSDP2), e.g. --ranks subagent=2; repeatable.",
         ),
     ] = None,
+    nodes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--nodes",
+            help="ROLE=N: spread that role's ranks over N processes as if on N machines (serve --nodes N --node-rank K), e.g. --nodes planner=2; repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Start the cluster in the foreground, restarting any service that dies (Ctrl-C stops it)."""
     from services.launcher import LocalCluster, workflow_roles
 
     _check_workflow(workflow)
     roles = workflow_roles(workflow, shared=shared)
-    world = _parse_ranks(ranks or [], roles)
-    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles, ranks=world,
+    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
+                           ranks=_parse_counts("--ranks", ranks or [], roles),
+                           nodes=_parse_counts("--nodes", nodes or [], roles),
                            ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
 
     def stop(*_: object) -> None:
@@ -185,17 +234,17 @@ def local_up(
         cluster.stop()
 
 
-def _parse_ranks(items: list[str], roles: tuple[str, ...]) -> dict[str, int]:
-    """`--ranks ROLE=W` options as {role: W}, with what to fix named."""
+def _parse_counts(option: str, items: list[str], roles: tuple[str, ...]) -> dict[str, int]:
+    """`--ranks ROLE=W` (or `--nodes ROLE=N`) options as {role: count}, with what to fix named."""
     out: dict[str, int] = {}
     for item in items:
         role, _, w = item.partition("=")
         if role not in roles:
             raise fail(
-                f"--ranks {item!r}: {role!r} is not a trainer role of this cluster ({', '.join(roles)})"
+                f"{option} {item!r}: {role!r} is not a trainer role of this cluster ({', '.join(roles)})"
             )
         if not w.isdigit() or not 1 <= int(w) <= 1024:
-            raise fail(f"--ranks {item!r}: W must be a whole number from 1 to 1024, as in {role}=2")
+            raise fail(f"{option} {item!r}: the count must be a whole number from 1 to 1024, as in {role}=2")
         out[role] = int(w)
     return out
 

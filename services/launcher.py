@@ -8,7 +8,10 @@ verifier, corrector, or just solver when the others share its model). The root i
 <role>`; the root finds them through MGRPO_ROLE_URLS. Each log goes to `<run_dir>/logs/<role>.log`.
 A role given W > 1 `ranks` is served with `serve … --ranks W`, which runs it under torchrun (W
 processes): rank 0 is its service, the others train with it (`mgrpo.parallel`); torchrun stops the
-group when a rank dies, and `supervise` starts it again.
+group when a rank dies, and `supervise` starts it again. A role given N > 1 `nodes` runs as N
+processes as if on N machines (`serve … --nodes N --node-rank K`, meeting at node 0 on a port of
+its own): node 0 is the role's service, node K is listed as the service `<role>@K` (its log
+`logs/<role>@K.log`, its port answering the health probes), and each is restarted on its own.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class LocalCluster:
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per role, over extra_env
     roles: tuple[str, ...] = ROLES  # trainer roles, root first
     cpus: dict[str, str] = field(default_factory=dict)  # role → `taskset -c` CPU list (e.g. "0"), to pin it
-    ranks: dict[str, int] = field(default_factory=dict)  # role → its trainer's world size W (default 1)
+    ranks: dict[str, int] = field(default_factory=dict)  # role → its trainer's ranks per node (default 1)
+    nodes: dict[str, int] = field(default_factory=dict)  # role → the nodes its ranks span (default 1)
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis: RedisServer | None = None
@@ -68,11 +72,11 @@ class LocalCluster:
         return self.run_dir / "checkpoints" / role
 
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
-        unknown = set(self.ranks) - set(self.roles)
-        if unknown:
-            raise ValueError(
-                f"ranks for roles this cluster does not run: {sorted(unknown)}; its roles: {list(self.roles)}"
-            )
+        for what, given in (("ranks", self.ranks), ("nodes", self.nodes)):
+            if unknown := set(given) - set(self.roles):
+                raise ValueError(
+                    f"{what} for roles this cluster does not run: {sorted(unknown)}; its roles: {list(self.roles)}"
+                )
         self.run_dir = self.run_dir.resolve()
         if self.api_token and not self.service_token:
             self.service_token = secrets.token_urlsafe(24)
@@ -82,7 +86,7 @@ class LocalCluster:
             self.redis.start()
             self.redis_url = self.redis.url
             self._started["redis"] = time.monotonic()
-        self.ports = self.ports or {r: free_port() for r in self.services}
+        self.ports = {r: self.ports.get(r) or free_port() for r in (*self.services, *self._rendezvous)}
         for role in self.services:
             self.start_role(role)
         self.wait_ready(timeout_s)
@@ -90,12 +94,31 @@ class LocalCluster:
 
     @property
     def services(self) -> tuple[str, ...]:
-        return ("controller", *self.roles)
+        """The processes it runs: the controller, each role's service, each role's nodes > 0."""
+        nodes = (f"{r}@{k}" for r in self.roles for k in range(1, self.nodes.get(r, 1)))
+        return ("controller", *self.roles, *nodes)
+
+    @property
+    def _rendezvous(self) -> tuple[str, ...]:
+        return tuple(f"{r}~rendezvous" for r in self.roles if self.nodes.get(r, 1) > 1)
 
     def kind(self, role: str) -> str:
+        role = role.split("@")[0]
         return "controller" if role == "controller" else "planner" if role == self.roles[0] else "subagent"
 
-    def env(self, role: str) -> dict[str, str]:
+    def env(self, service: str) -> dict[str, str]:
+        role, _, node = service.partition("@")
+        spans: dict[str, str] = {}
+        if self.nodes.get(role, 1) > 1:
+            rendezvous = f"127.0.0.1:{self.ports[f'{role}~rendezvous']}"
+            spans = {
+                "MGRPO_NODES": str(self.nodes[role]),
+                "MGRPO_NODE_RANK": node or "0",
+                "MGRPO_RENDEZVOUS": rendezvous,
+            }
+        return {**self._role_env(role), **spans}
+
+    def _role_env(self, role: str) -> dict[str, str]:
         callees = {r: self.url(r) for r in self.roles[1:]}
         return {
             **os.environ,
@@ -127,7 +150,11 @@ class LocalCluster:
             "127.0.0.1",
             "--port",
             str(self.ports[role]),
-            *(["--ranks", str(self.ranks[role])] if self.ranks.get(role, 1) > 1 else []),
+            *(
+                ["--ranks", str(self.ranks[base])]
+                if self.ranks.get(base := role.split("@")[0], 1) > 1
+                else []
+            ),
         ]
         self.procs[role] = subprocess.Popen(cmd, env=self.env(role), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)  # fmt: skip

@@ -10,7 +10,7 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -59,7 +59,23 @@ class Settings(BaseSettings):
         1,
         ge=1,
         le=1024,
-        description="The ranks this trainer service trains its role on (torchrun on this machine, FSDP2; `serve --ranks`); 1 = one process.",
+        description="The ranks this trainer service trains its role on per machine (torchrun, FSDP2; `serve --ranks`); 1 = one process.",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="The machines (pods) the role's ranks span, each running `serve` with MGRPO_RANKS ranks: W = nodes × ranks; node 0 serves.",
+    )
+    node_rank: int = Field(
+        0,
+        ge=0,
+        description="This machine's index among the role's nodes (0 runs the service, the others train).",
+    )
+    rendezvous: str = Field(
+        "",
+        pattern=r"^([A-Za-z0-9.\-]+:\d{1,5})?$",
+        description="host:port of node 0, where a role's nodes meet (torchrun's static rendezvous); required when MGRPO_NODES > 1.",
     )
     sglang_url: str = Field(
         "",
@@ -98,6 +114,16 @@ class Settings(BaseSettings):
     shutdown_grace_s: int = Field(
         1, ge=0, description="Seconds a stopping service lets in-flight requests finish after SIGTERM."
     )
+
+    @model_validator(mode="after")
+    def _nodes_meet(self) -> Settings:
+        if self.nodes > 1 and not self.rendezvous:
+            raise ValueError(
+                "MGRPO_NODES > 1 needs MGRPO_RENDEZVOUS, node 0's host:port (e.g. planner-0.planner-ranks:29500)"
+            )
+        if self.node_rank >= self.nodes:
+            raise ValueError(f"MGRPO_NODE_RANK {self.node_rank} is not below MGRPO_NODES {self.nodes}")
+        return self
 
     @property
     def service_credential(self) -> str:

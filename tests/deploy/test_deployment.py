@@ -107,6 +107,38 @@ def test_a_role_on_two_ranks_gets_them_and_shared_memory():
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+def test_a_role_on_three_nodes_gets_a_node_statefulset_meeting_at_node_0():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["roles"][0]["nodes"] = 3
+    docs = render({**values, "apiToken": "t"})
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    leader = by[("Deployment", "rel-mgrpo-planner")]["spec"]["template"]
+    nodes = by[("StatefulSet", "rel-mgrpo-planner-node")]["spec"]
+    meet = by[("Service", "rel-mgrpo-planner-rendezvous")]["spec"]
+    assert nodes["replicas"] == 2 and nodes["ordinals"] == {"start": 1}  # pods planner-node-1, -2
+    assert (
+        nodes["podManagementPolicy"] == "Parallel" and nodes["serviceName"] == "rel-mgrpo-planner-rendezvous"
+    )
+    (lc,), (nc,) = leader["spec"]["containers"], nodes["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in nc["env"]}
+    assert env["MGRPO_NODE_RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    }
+    for c in (lc, nc):
+        assert {"name": "MGRPO_NODES", "value": "3"} in c["env"]
+        assert {"name": "MGRPO_RENDEZVOUS", "value": "rel-mgrpo-planner-rendezvous:29500"} in c["env"]
+    assert "MGRPO_NODE_RANK" not in {e["name"] for e in lc["env"]}  # node 0: the default
+    # node 0 (only) behind the rendezvous, found before it is ready (it is ready once every node joined)
+    assert meet["clusterIP"] == "None" and meet["publishNotReadyAddresses"] is True
+    assert leader["metadata"]["labels"] | meet["selector"] == leader["metadata"]["labels"]  # selects node 0
+    assert meet["selector"]["app.kubernetes.io/component"] == "planner"
+    assert nodes["template"]["metadata"]["labels"]["app.kubernetes.io/component"] != "planner"
+    assert {"name": "data", "emptyDir": {}} in nodes["template"]["spec"]["volumes"]
+    assert not any(d["kind"] == "StatefulSet" and "subagent" in d["metadata"]["name"] for d in docs)
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
 def test_the_secret_holds_every_scope_and_a_generated_service_token():
     secret = next(d for d in render({"apiToken": "t", "readToken": "r"}) if d["kind"] == "Secret")[
         "stringData"
@@ -168,9 +200,15 @@ def commands_and_env() -> tuple[list[list[str]], set[str]]:
         if service.get("image", "").startswith("mgrpo"):
             commands.append(service["command"])
             env |= set(service.get("environment", {}))
-    for doc in render({**GPU_VALUES, "apiToken": "t"}):
-        if doc["kind"] == "Deployment":
+    roles = [
+        {**GPU_VALUES["roles"][0], "nodes": 2},
+        *GPU_VALUES["roles"][1:],
+    ]  # with a role's node StatefulSet
+    for doc in render({**GPU_VALUES, "roles": roles, "apiToken": "t"}):
+        if doc["kind"] in ("Deployment", "StatefulSet"):
             for c in doc["spec"]["template"]["spec"]["containers"]:
+                if not c["image"].startswith("mgrpo"):
+                    continue  # Redis
                 commands.append(c["args"])
                 env |= {e["name"] for e in c.get("env", [])}
         if doc["kind"] in ("ConfigMap", "Secret"):

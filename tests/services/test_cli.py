@@ -166,13 +166,34 @@ def test_unknown_role_and_bad_option(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     proc = mgrpo("serve", "controller", "--ranks", "2")
     assert proc.returncode == 2 and "--ranks is for the trainer services" in proc.stdout
-    for bad, says in (
-        ("planer=2", "not a trainer role"),
-        ("subagent=0", "whole number"),
-        ("subagent", "whole number"),
+    for option, bad, says in (
+        ("--ranks", "planer=2", "not a trainer role"),
+        ("--ranks", "subagent=0", "whole number"),
+        ("--nodes", "subagent", "whole number"),
     ):
-        proc = mgrpo("local", "up", "--run-dir", str(tmp_path), "--ranks", bad)
+        proc = mgrpo("local", "up", "--run-dir", str(tmp_path), option, bad)
         assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout
+    redis = {"REDIS_URL": "redis://127.0.0.1:1/0"}
+    for args, says in (
+        (("--nodes", "2"), "needs MGRPO_RENDEZVOUS"),
+        (
+            ("--nodes", "2", "--node-rank", "2", "--rendezvous", "node0:29500"),
+            "MGRPO_NODE_RANK 2 is not below",
+        ),
+        (("--nodes", "2", "--rendezvous", "node0"), "MGRPO_RENDEZVOUS"),
+    ):
+        proc = mgrpo("serve", "subagent", *args, env=redis)
+        assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout
+
+
+def test_torchrun_args_one_machine_or_several():
+    from services.cli import torchrun_args
+    from services.settings import Settings
+
+    assert torchrun_args(Settings(ranks=2))[2:4] == ["--standalone", "--nproc-per-node=2"]
+    several = torchrun_args(Settings(ranks=1, nodes=3, node_rank=2, rendezvous="trainer-0.ranks:29400"))
+    assert several[2:] == ["--nnodes=3", "--node-rank=2", "--master-addr=trainer-0.ranks",
+                           "--master-port=29400", "--nproc-per-node=1", "--max-restarts=0"]  # fmt: skip
 
 
 def test_train_rejects_a_bad_config_with_the_field_path(tmp_path):

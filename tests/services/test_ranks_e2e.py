@@ -1,7 +1,9 @@
 """A role's trainer on two ranks (torchrun, FSDP2 over gloo on CPU) inside a real cluster: a `co_train`
-job with a 2-rank sub-agent trains through the services, every update's weights synced back to the
-rank-0 service's engine; `kill -9` of rank 1 mid-job restarts the role (torchrun stops the group, the
-cluster's supervisor starts it again) and the job resumes and finishes with every step trained once."""
+job with a 2-rank sub-agent (one machine, `--ranks 2`) and a planner spread over two nodes (`--nodes 2`,
+two torchruns meeting at node 0 as on two machines) trains through the services, every update's
+weights synced back to the rank-0 service's engine; `kill -9` of the sub-agent's rank 1 mid-job
+restarts that role (torchrun stops the group, the cluster's supervisor starts it again) and the job
+resumes and finishes with every step trained once."""
 
 from __future__ import annotations
 
@@ -36,12 +38,16 @@ JOB = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slo
        "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
 
 
-def test_two_rank_subagent_trains_and_survives_losing_a_rank(tmp_path, redis_url):
+def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
     warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
     cluster = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, ranks={"subagent": 2},
-                           extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+                           nodes={"planner": 2}, extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
     with supervised(cluster):
         store, url = Store.connect(cluster.redis_url), cluster.url("controller")
+        node = httpx.get(f"{cluster.url('planner@1')}/readyz", timeout=5).json()
+        assert node == {"status": "ok", "rank": 1, "world": 2}, (
+            node
+        )  # the planner's second node is in its group
         r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
@@ -64,11 +70,19 @@ def test_two_rank_subagent_trains_and_survives_losing_a_rank(tmp_path, redis_url
         assert_accounted(store, job_id, keys.ROLES)
 
         records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H, timeout=10).json()["records"]
-        sync = [
-            r["values"]["subagent/weight_sync_s"] for r in records if "subagent/weight_sync_s" in r["values"]
-        ]
-        assert sync and all(s > 0 for s in sync), records  # the gathered weights reached the engine
+        for role in keys.ROLES:
+            sync = [
+                r["values"][f"{role}/weight_sync_s"]
+                for r in records
+                if f"{role}/weight_sync_s" in r["values"]
+            ]
+            assert sync and all(s > 0 for s in sync), (
+                role,
+                records,
+            )  # the gathered weights reached the engine
+        assert cluster.restarts.get("planner@1") is None, cluster.restarts
         trained = final_checkpoint(cluster, "subagent", job_id)
         assert_updated("subagent", warm.subagent_path, trained, records)
+        assert_updated("planner", warm.planner_path, final_checkpoint(cluster, "planner", job_id), records)
         state = torch.load(trained / "trainer_state.pt", weights_only=False)["optimizer"]
         assert "model.embed_tokens.weight" in state["state"]  # FQN-keyed: resumes on any number of ranks

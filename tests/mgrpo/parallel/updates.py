@@ -28,12 +28,13 @@ def tiny() -> tuple[torch.nn.Module, Any]:
     return build_model("tiny", tok, seed=0), tok
 
 
-def samples(update: int, vocab: int) -> tuple[list[tuple[Transcript, float]], list[bool]]:
+def samples(update: int, vocab: int, low: int = 0) -> tuple[list[tuple[Transcript, float]], list[bool]]:
+    """Random transcripts of token ids low … vocab − 1 with random advantages, and stale flags."""
     rng = random.Random(update)
     out = []
     for _ in range(5 if update == 0 else 7):
         n, p = rng.randint(6, 24), rng.randint(2, 5)
-        t = Transcript(token_ids=[rng.randrange(vocab) for _ in range(n)],
+        t = Transcript(token_ids=[rng.randrange(low, vocab) for _ in range(n)],
                        logp=[-3 * rng.random() for _ in range(n)], mask=[0] * p + [1] * (n - p), prompt_len=p)  # fmt: skip
         if update == 1 and len(out) == 2:
             t.mask = [0] * n  # a row with no trained token: outside the seq-mean denominator

@@ -1,0 +1,296 @@
+"""The megatron-core backend's model side: a Qwen3 HF checkpoint as a megatron-core `GPTModel` on T
+tensor-parallel ranks and back, exactly.
+
+Names and layouts (HF `Qwen3ForCausalLM` → megatron-core local spec, per tensor-parallel rank t of T):
+
+    model.embed_tokens.weight [V, h]            → embedding.word_embeddings.weight   rows of t (V padded to a multiple of T)
+    layers.i.input_layernorm.weight             → decoder.layers.i.input_layernorm.weight          (every rank)
+    layers.i.self_attn.{q,k,v}_proj.weight      → decoder.layers.i.self_attention.linear_qkv.weight
+        per query group g (G = num_key_value_heads, Q = num_attention_heads, d = head_dim):
+        [q heads g·Q/G … (g+1)·Q/G − 1; k head g; v head g] stacked, d rows each; rank t holds groups t·G/T …
+    layers.i.self_attn.{q,k}_norm.weight        → …self_attention.{q,k}_layernorm.weight           (every rank)
+    layers.i.self_attn.o_proj.weight [h, Q·d]   → …self_attention.linear_proj.weight              columns of t
+    layers.i.post_attention_layernorm.weight    → …pre_mlp_layernorm.weight                         (every rank)
+    layers.i.mlp.{gate,up}_proj.weight [f, h]   → …mlp.linear_fc1.weight                            [gate rows of t; up rows of t]
+    layers.i.mlp.down_proj.weight [h, f]        → …mlp.linear_fc2.weight                            columns of t
+    model.norm.weight                           → decoder.final_layernorm.weight                    (every rank)
+    lm_head.weight (untied only)                → output_layer.weight                                rows of t
+
+Every move is a slice or a concatenation, so HF → Megatron → HF gives back the same tensors bit for
+bit, for every T that divides the heads, the groups and the MLP width.
+
+On CPU (`cpu_shim`): megatron-core places a few buffers with `torch.cuda.current_device()` (RoPE's
+frequencies, the tensor-parallel all-gathers) and forks a CUDA RNG state around attention dropout;
+the shim answers the first with the CPU and makes the fork a no-op (dropout is 0 here). Nothing else
+of megatron-core changes: the same modules, the same collectives (gloo), the same numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+PREFIX = "decoder.layers"
+
+
+def _attention_shape(cfg: Any) -> tuple[int, int, int]:
+    """(query heads Q, query groups G, head dim d) of an HF Qwen3 config."""
+    heads = cfg.num_attention_heads
+    return heads, cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+
+def padded_vocab(cfg: Any, tp: int) -> int:
+    """The embedding rows on T ranks: the vocabulary rounded up to a multiple of T."""
+    return -(-cfg.vocab_size // tp) * tp
+
+
+def check_split(cfg: Any, tp: int) -> None:
+    """Refuse a tensor-parallel size that does not divide the model, saying what would."""
+    heads, groups, _ = _attention_shape(cfg)
+    for what, n in (
+        ("query groups (num_key_value_heads)", groups),
+        ("MLP width (intermediate_size)", cfg.intermediate_size),
+    ):
+        if n % tp:
+            raise ValueError(f"tensor parallel size {tp} must divide the model's {what}, {n}")
+    if heads % groups:
+        raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {groups}")
+
+
+def _rows(t: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    return t.chunk(tp, dim=0)[rank]
+
+
+def _cols(t: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    return t.chunk(tp, dim=1)[rank]
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if rows > t.shape[0] else t
+
+
+def hf_to_megatron(
+    hf: dict[str, torch.Tensor], cfg: Any, tp: int = 1, rank: int = 0
+) -> dict[str, torch.Tensor]:
+    """Tensor-parallel rank `rank` of `tp`'s share of an HF Qwen3 state dict, in megatron-core names."""
+    check_split(cfg, tp)
+    heads, groups, d = _attention_shape(cfg)
+    per_group = heads // groups
+    out = {
+        "embedding.word_embeddings.weight": _rows(
+            _pad_rows(hf["model.embed_tokens.weight"], padded_vocab(cfg, tp)), tp, rank
+        ),
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+    }
+    if not cfg.tie_word_embeddings:
+        out["output_layer.weight"] = _rows(_pad_rows(hf["lm_head.weight"], padded_vocab(cfg, tp)), tp, rank)
+    for i in range(cfg.num_hidden_layers):
+        src, dst = f"model.layers.{i}", f"{PREFIX}.{i}"
+        q = hf[f"{src}.self_attn.q_proj.weight"].view(groups, per_group * d, -1)
+        k = hf[f"{src}.self_attn.k_proj.weight"].view(groups, d, -1)
+        v = hf[f"{src}.self_attn.v_proj.weight"].view(groups, d, -1)
+        qkv = torch.cat([q, k, v], dim=1)  # [G, (Q/G + 2)·d, h]
+        gate, up = hf[f"{src}.mlp.gate_proj.weight"], hf[f"{src}.mlp.up_proj.weight"]
+        out |= {
+            f"{dst}.input_layernorm.weight": hf[f"{src}.input_layernorm.weight"],
+            f"{dst}.self_attention.linear_qkv.weight": _rows(qkv, tp, rank).reshape(-1, qkv.shape[-1]),
+            f"{dst}.self_attention.q_layernorm.weight": hf[f"{src}.self_attn.q_norm.weight"],
+            f"{dst}.self_attention.k_layernorm.weight": hf[f"{src}.self_attn.k_norm.weight"],
+            f"{dst}.self_attention.linear_proj.weight": _cols(hf[f"{src}.self_attn.o_proj.weight"], tp, rank),
+            f"{dst}.pre_mlp_layernorm.weight": hf[f"{src}.post_attention_layernorm.weight"],
+            f"{dst}.mlp.linear_fc1.weight": torch.cat([_rows(gate, tp, rank), _rows(up, tp, rank)]),
+            f"{dst}.mlp.linear_fc2.weight": _cols(hf[f"{src}.mlp.down_proj.weight"], tp, rank),
+        }
+    return {name: t.clone() for name, t in out.items()}
+
+
+def megatron_to_hf(shards: list[dict[str, torch.Tensor]], cfg: Any) -> dict[str, torch.Tensor]:
+    """The HF Qwen3 state dict of a model held as `shards`, one per tensor-parallel rank in order."""
+    tp = len(shards)
+    check_split(cfg, tp)
+    heads, groups, d = _attention_shape(cfg)
+    per_group = heads // groups
+
+    def rows(name: str) -> torch.Tensor:
+        return torch.cat([s[name] for s in shards], dim=0)
+
+    def cols(name: str) -> torch.Tensor:
+        return torch.cat([s[name] for s in shards], dim=1)
+
+    vocab = cfg.vocab_size
+    out = {
+        "model.embed_tokens.weight": rows("embedding.word_embeddings.weight")[:vocab],
+        "model.norm.weight": shards[0]["decoder.final_layernorm.weight"],
+    }
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = rows("output_layer.weight")[:vocab]
+    for i in range(cfg.num_hidden_layers):
+        src, dst = f"{PREFIX}.{i}", f"model.layers.{i}"
+        qkv = rows(f"{src}.self_attention.linear_qkv.weight").view(groups, (per_group + 2) * d, -1)
+        q, k, v = qkv.split([per_group * d, d, d], dim=1)
+        fc1 = [s[f"{src}.mlp.linear_fc1.weight"].chunk(2) for s in shards]
+        out |= {
+            f"{dst}.input_layernorm.weight": shards[0][f"{src}.input_layernorm.weight"],
+            f"{dst}.self_attn.q_proj.weight": q.reshape(heads * d, -1),
+            f"{dst}.self_attn.k_proj.weight": k.reshape(groups * d, -1),
+            f"{dst}.self_attn.v_proj.weight": v.reshape(groups * d, -1),
+            f"{dst}.self_attn.q_norm.weight": shards[0][f"{src}.self_attention.q_layernorm.weight"],
+            f"{dst}.self_attn.k_norm.weight": shards[0][f"{src}.self_attention.k_layernorm.weight"],
+            f"{dst}.self_attn.o_proj.weight": cols(f"{src}.self_attention.linear_proj.weight"),
+            f"{dst}.post_attention_layernorm.weight": shards[0][f"{src}.pre_mlp_layernorm.weight"],
+            f"{dst}.mlp.gate_proj.weight": torch.cat([g for g, _ in fc1]),
+            f"{dst}.mlp.up_proj.weight": torch.cat([u for _, u in fc1]),
+            f"{dst}.mlp.down_proj.weight": cols(f"{src}.mlp.linear_fc2.weight"),
+        }
+    if cfg.tie_word_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return {name: t.contiguous().clone() for name, t in out.items()}
+
+
+def transformer_config(cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32) -> Any:
+    """megatron-core's TransformerConfig for an HF Qwen3 config (no dropout: RL fine-tuning)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    heads, groups, d = _attention_shape(cfg)
+    return TransformerConfig(
+        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
+        num_attention_heads=heads, num_query_groups=groups, kv_channels=d,
+        normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, qk_layernorm=True,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
+        params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+    )  # fmt: skip
+
+
+def rope_theta(cfg: Any) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+def build_gpt(cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """An (untrained) megatron-core GPTModel shaped like the HF Qwen3 config, on this rank's share of
+    T tensor-parallel ranks (megatron's parallel state must be initialised with T)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    check_split(cfg, tp)
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    return GPTModel(
+        transformer_config(cfg, tp, dtype), spec, vocab_size=padded_vocab(cfg, tp),
+        max_sequence_length=cfg.max_position_embeddings, position_embedding_type="rope",
+        rotary_base=int(rope_theta(cfg)), share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+        parallel_output=False,
+    )  # fmt: skip
+
+
+def load_into(model: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
+    """Copy a rank's converted shard into its GPTModel; every parameter must be covered."""
+    missing, unexpected = model.load_state_dict(shard, strict=False)
+    missing = [m for m in missing if not m.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(
+            f"the converted state does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def causal_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: int
+) -> torch.Tensor:
+    """Next-token logits [b, s, vocab] of a GPTModel over left-padded rows, as the HF model gives them:
+    positions count from each row's first real token, and a token sees only earlier real tokens."""
+    real = attention_mask.bool()
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    s = input_ids.shape[1]
+    future = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).triu(1)
+    masked = future[None, None] | ~real[:, None, None, :]  # True = not attended
+    masked = masked & ~torch.eye(s, dtype=torch.bool, device=input_ids.device)  # padding sees itself, not NaN
+    return model(input_ids, positions, attention_mask=masked)[..., :vocab]
+
+
+@contextlib.contextmanager
+def cpu_shim() -> Iterator[None]:
+    """Run megatron-core on the CPU (see the module docstring): `torch.cuda.current_device()` is the
+    CPU and the tensor-parallel RNG fork a no-op while inside."""
+    from megatron.core import tensor_parallel
+
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    saved = torch.cuda.current_device, tracker.fork
+    setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))  # noqa: B010
+    tracker.fork = lambda *a, **k: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        setattr(torch.cuda, "current_device", saved[0])  # noqa: B010
+        tracker.fork = saved[1]
+
+
+class MegatronCausalLM(torch.nn.Module):
+    """A GPTModel on T tensor-parallel ranks behind the HF causal-LM call the trainer makes
+    (`model(input_ids=…, attention_mask=…, position_ids=…).logits`), so `ppo_update` trains it with the
+    one loss. Every rank of the tensor-parallel group runs the same update on the same rows; the
+    gradient norm it clips by is the whole model's (`clip_grad_norm_`)."""
+
+    def __init__(self, cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config, self.vocab = cfg, cfg.vocab_size
+        self.gpt = build_gpt(cfg, tp, dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: Any = None, **_: Any
+    ) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=causal_logits(self.gpt, input_ids, attention_mask, self.vocab))
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Finish the gradients, then clip them by the whole model's norm. Finishing is what
+        megatron-core's `finalize_model_grads` does for this layout: a q/k layernorm weight is held by
+        every rank but each sees only its own heads, so its gradient is summed over the group. The
+        norm: a tensor-parallel shard's squares summed over the group, a replicated weight counted once."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        for name, p in self.gpt.named_parameters():
+            if tp > 1 and p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                dist.all_reduce(p.grad, group=tp_group)
+        grads = [
+            (p.grad, getattr(p, "tensor_model_parallel", False))
+            for p in self.parameters()
+            if p.grad is not None
+        ]
+        split = sum((g.float().pow(2).sum() for g, tp_split in grads if tp_split), torch.zeros(()))
+        whole = sum((g.float().pow(2).sum() for g, tp_split in grads if not tp_split), torch.zeros(()))
+        if tp > 1:
+            dist.all_reduce(split, group=tp_group)
+        norm = (split + whole).sqrt()
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g, _ in grads:
+            g.mul_(scale.to(g.dtype))
+        return norm
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model as an HF Qwen3 state dict, gathered from the tensor-parallel group (every rank)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        mine = {
+            k: v.detach().cpu() for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")
+        }
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        shards: list[Any] = [mine]
+        if tp > 1:
+            shards = [None] * tp
+            dist.all_gather_object(shards, mine, group=parallel_state.get_tensor_model_parallel_group())
+        return megatron_to_hf(shards, self.config)

@@ -1,0 +1,97 @@
+"""The megatron-core backend's model side (`mgrpo.parallel.megatron`): HF Qwen3 ↔ Megatron names and
+layouts round-trip bit for bit on 1, 2 and 4 tensor-parallel ranks (tied and untied, a vocabulary
+that needs padding); and a GPTModel split over 2 tensor-parallel ranks (two processes under
+torchrun, gloo) gives the HF model's logits and, trained by `ppo_update` with the same samples, the
+HF model's weights. megatron-core runs on the CPU through `cpu_shim` (its CUDA-only buffer
+placement and RNG fork; module docstring); its fused CUDA kernels and bf16 run in the GPU check
+(bench/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from mgrpo.parallel.megatron import check_split, hf_to_megatron, megatron_to_hf
+from mgrpo.training import ppo_update
+from tests.mgrpo.parallel.megatron_tp import NO_PAD, batch
+from tests.mgrpo.parallel.test_fsdp import assert_same
+from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, tiny
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def qwen3(tied: bool, vocab: int = 331) -> torch.nn.Module:
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=16, tie_word_embeddings=tied)  # fmt: skip
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_hf_megatron_round_trip_is_exact(tp, tied):
+    model = qwen3(tied)
+    hf = model.state_dict()
+    shards = [hf_to_megatron(hf, model.config, tp, r) for r in range(tp)]
+    assert shards[0]["embedding.word_embeddings.weight"].shape[0] == -(-331 // tp)  # padded, then split
+    back = megatron_to_hf(shards, model.config)
+    assert set(back) == set(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+    if tp > 1:  # each rank holds its own query groups: [q of the group's heads; k; v]
+        q = hf["model.layers.0.self_attn.q_proj.weight"]
+        k = hf["model.layers.0.self_attn.k_proj.weight"]
+        qkv1 = shards[1]["decoder.layers.0.self_attention.linear_qkv.weight"]
+        first_group = 4 // tp  # groups on rank 0; rank 1's first group follows
+        assert torch.equal(qkv1[: 2 * 16], q[first_group * 2 * 16 : (first_group * 2 + 2) * 16])
+        assert torch.equal(qkv1[2 * 16 : 3 * 16], k[first_group * 16 : (first_group + 1) * 16])
+
+
+def test_a_split_that_does_not_divide_the_model_is_refused():
+    with pytest.raises(ValueError, match="must divide the model's query groups"):
+        check_split(qwen3(True).config, 8)
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("megatron")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
+
+
+def test_tensor_parallel_forward_equals_hf(tp2):
+    hf, tok = tiny()
+    got = torch.load(tp2 / "logits.pt")
+    ids, mask = batch(len(tok))
+    assert torch.equal(got["ids"], ids) and tok.pad_token_id < NO_PAD
+    with torch.no_grad():
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        want = hf(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    real = mask.bool()
+    assert (got["logits"][real] - want[real]).abs().max() < 1e-4
+
+
+def test_tensor_parallel_update_equals_hf(tp2):
+    """The same two PPO updates (stale samples, both loss denominators, clipping) on the HF model in
+    this process and on the 2-rank GPTModel: the same weights, converted back."""
+    model, tok = tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    for update in (0, 1):
+        rows, stale = samples(update, len(tok), low=NO_PAD)
+        metrics = ppo_update(
+            model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale
+        )
+        got = torch.load(tp2 / f"tp2-{update + 1}.pt", weights_only=False)
+        assert_same(got["weights"], model.state_dict())
+        for key in ("loss", "grad_norm", "clip_frac"):
+            assert abs(got["metrics"][key] - metrics[key]) < 1e-4, (key, got["metrics"][key], metrics[key])

@@ -63,6 +63,12 @@ def serve(
         str | None,
         typer.Option(help="host:port of node 0, where the nodes meet (MGRPO_RENDEZVOUS)."),
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="How the role's ranks hold the model: fsdp (data parallel) or megatron (megatron-core tensor parallel) (MGRPO_BACKEND)."
+        ),
+    ] = None,
 ) -> None:
     """Run one service with uvicorn (settings from MGRPO_* and REDIS_URL environment variables)."""
     import uvicorn
@@ -80,7 +86,7 @@ def serve(
     from services.settings import get_settings
 
     given = {"MGRPO_ROLE": as_role, "MGRPO_RANKS": ranks, "MGRPO_NODES": nodes,
-             "MGRPO_NODE_RANK": node_rank, "MGRPO_RENDEZVOUS": rendezvous}  # fmt: skip
+             "MGRPO_NODE_RANK": node_rank, "MGRPO_RENDEZVOUS": rendezvous, "MGRPO_BACKEND": backend}  # fmt: skip
     for name, value in given.items():
         if value is not None:
             if role == "controller":
@@ -135,6 +141,7 @@ def _serve_trainer(settings: Settings, run: Callable[[], None], host: str, port:
     from mgrpo.parallel import group
     from mgrpo.parallel import ranks as rank_calls
 
+    rank_calls.configure(settings.backend)
     if group.init_from_env() and group.rank() > 0:
         if settings.node_rank > 0 and os.environ.get("LOCAL_RANK") == "0":
             from services.node_health import serve_health
@@ -142,6 +149,10 @@ def _serve_trainer(settings: Settings, run: Callable[[], None], host: str, port:
             serve_health(host, port)
         rank_calls.serve()
         return
+    if group.joined_world() > 1:
+        console.print(
+            f"training on {group.joined_world()} ranks over {settings.nodes} node(s), backend {settings.backend}"
+        )
     try:
         run()
     finally:
@@ -203,6 +214,13 @@ def local_up(
             help="ROLE=N: spread that role's ranks over N processes as if on N machines (serve --nodes N --node-rank K), e.g. --nodes planner=2; repeatable.",
         ),
     ] = None,
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--backend",
+            help="ROLE=megatron: hold that role's model with megatron-core tensor parallelism over its ranks (default fsdp); repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Start the cluster in the foreground, restarting any service that dies (Ctrl-C stops it)."""
     from services.launcher import LocalCluster, workflow_roles
@@ -212,6 +230,7 @@ def local_up(
     cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
                            ranks=_parse_counts("--ranks", ranks or [], roles),
                            nodes=_parse_counts("--nodes", nodes or [], roles),
+                           role_env=_parse_backends(backend or [], roles),
                            ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
 
     def stop(*_: object) -> None:
@@ -232,6 +251,17 @@ def local_up(
         pass
     finally:
         cluster.stop()
+
+
+def _parse_backends(items: list[str], roles: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """`--backend ROLE=NAME` options as each role's MGRPO_BACKEND."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        role, _, name = item.partition("=")
+        if role not in roles or name not in ("fsdp", "megatron"):
+            raise fail(f"--backend {item!r}: give ROLE=fsdp or ROLE=megatron, ROLE one of {', '.join(roles)}")
+        out[role] = {"MGRPO_BACKEND": name}
+    return out
 
 
 def _parse_counts(option: str, items: list[str], roles: tuple[str, ...]) -> dict[str, int]:

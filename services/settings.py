@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -60,6 +61,10 @@ class Settings(BaseSettings):
         ge=1,
         le=1024,
         description="The ranks this trainer service trains its role on per machine (torchrun, FSDP2; `serve --ranks`); 1 = one process.",
+    )
+    backend: Literal["fsdp", "megatron"] = Field(
+        "fsdp",
+        description="How a role on W > 1 ranks holds its model: fsdp (FSDP2, data parallel) or megatron (megatron-core, tensor parallel over the W ranks).",
     )
     nodes: int = Field(
         1,
@@ -120,6 +125,10 @@ class Settings(BaseSettings):
         if self.nodes > 1 and not self.rendezvous:
             raise ValueError(
                 "MGRPO_NODES > 1 needs MGRPO_RENDEZVOUS, node 0's host:port (e.g. planner-0.planner-ranks:29500)"
+            )
+        if self.backend == "megatron" and self.nodes * self.ranks < 2:
+            raise ValueError(
+                "MGRPO_BACKEND=megatron splits the model over the role's ranks: give it MGRPO_RANKS (or MGRPO_NODES) of 2 or more; one process trains the HF model itself"
             )
         if self.node_rank >= self.nodes:
             raise ValueError(f"MGRPO_NODE_RANK {self.node_rank} is not below MGRPO_NODES {self.nodes}")

@@ -250,7 +250,8 @@ class MegatronCausalLM(torch.nn.Module):
     ) -> Any:
         from types import SimpleNamespace
 
-        return SimpleNamespace(logits=causal_logits(self.gpt, input_ids, attention_mask, self.vocab))
+        with cpu_shim() if self.device.type == "cpu" else contextlib.nullcontext():
+            return SimpleNamespace(logits=causal_logits(self.gpt, input_ids, attention_mask, self.vocab))
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Finish the gradients, then clip them by the whole model's norm. Finishing is what

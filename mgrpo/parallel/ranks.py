@@ -4,7 +4,8 @@ from rank 0 and runs the call there too; ranks > 0 sit in `serve`, running each 
 until `shutdown`. A call's collectives (FSDP's all-gathers and reduce-scatters) so run in the same
 order on every rank. One call at a time.
 
-Calls: `open` (build the sharded policy of a job's role from rank 0's model), `update` (one PPO update
+Calls: `open` (build the sharded policy of a job's role from rank 0's model: FSDP2, or megatron-core
+tensor parallel after `configure("megatron")`), `update` (one PPO update
 on the step's samples, split across the ranks), `sync` (the weights into rank 0's full model),
 `optimizer_state` (gathered to rank 0), `close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
 others serving. A rank that dies fails rank 0's next collective at once (gloo: "Connection closed by
@@ -17,15 +18,19 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from mgrpo.parallel.fsdp import ShardedPolicy
 
+if TYPE_CHECKING:
+    from mgrpo.parallel.megatron_policy import MegatronPolicy
+
 log = logging.getLogger("mgrpo.parallel")
 _lock = threading.Lock()
-_policy: ShardedPolicy | None = None
+_policy: ShardedPolicy | MegatronPolicy | None = None
+_backend = "fsdp"
 
 
 class RankLost(RuntimeError):
@@ -37,12 +42,26 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "NCCL", "Connection closed"))
 
 
+def configure(backend: str) -> None:
+    """On every rank, before serving: how `open` holds the policy — `fsdp` (FSDP2 data parallel,
+    `ShardedPolicy`) or `megatron` (megatron-core tensor parallel, `MegatronPolicy`)."""
+    if backend not in ("fsdp", "megatron"):
+        raise ValueError(f"unknown backend {backend!r}: fsdp or megatron")
+    global _backend
+    _backend = backend
+
+
 def _open(config: dict[str, Any], lr: float, source: Any = None, optimizer_state: Any = None) -> None:
     global _policy
-    _policy = ShardedPolicy(config, lr, source=source, optimizer_state=optimizer_state)
+    if _backend == "megatron":
+        from mgrpo.parallel.megatron_policy import MegatronPolicy
+
+        _policy = MegatronPolicy(config, lr, source=source, optimizer_state=optimizer_state)
+    else:
+        _policy = ShardedPolicy(config, lr, source=source, optimizer_state=optimizer_state)
 
 
-def _opened() -> ShardedPolicy:
+def _opened() -> ShardedPolicy | MegatronPolicy:
     if _policy is None:
         raise RuntimeError("no sharded policy is open on this rank (call 'open' first)")
     return _policy

@@ -170,6 +170,7 @@ def test_unknown_role_and_bad_option(tmp_path):
         ("--ranks", "planer=2", "not a trainer role"),
         ("--ranks", "subagent=0", "whole number"),
         ("--nodes", "subagent", "whole number"),
+        ("--backend", "subagent=deepspeed", "ROLE=fsdp or ROLE=megatron"),
     ):
         proc = mgrpo("local", "up", "--run-dir", str(tmp_path), option, bad)
         assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout
@@ -181,6 +182,7 @@ def test_unknown_role_and_bad_option(tmp_path):
             "MGRPO_NODE_RANK 2 is not below",
         ),
         (("--nodes", "2", "--rendezvous", "node0"), "MGRPO_RENDEZVOUS"),
+        (("--backend", "megatron"), "MGRPO_RANKS (or MGRPO_NODES) of 2 or more"),
     ):
         proc = mgrpo("serve", "subagent", *args, env=redis)
         assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout

@@ -1,6 +1,8 @@
 """A role's trainer on two ranks (torchrun, FSDP2 over gloo on CPU) inside a real cluster: a `co_train`
-job with a 2-rank sub-agent (one machine, `--ranks 2`) and a planner spread over two nodes (`--nodes 2`,
-two torchruns meeting at node 0 as on two machines) trains through the services, every update's
+job with a 2-rank sub-agent (one machine, `--ranks 2`, FSDP2) and a planner spread over two nodes
+(`--nodes 2`, two torchruns meeting at node 0 as on two machines) holding its model as a megatron-core
+GPTModel split by tensor parallelism (`MGRPO_BACKEND=megatron`; on the CPU through its documented
+shim) trains through the services, every update's
 weights synced back to the rank-0 service's engine; `kill -9` of the sub-agent's rank 1 mid-job
 restarts that role (torchrun stops the group, the cluster's supervisor starts it again) and the job
 resumes and finishes with every step trained once."""
@@ -41,7 +43,8 @@ JOB = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slo
 def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
     warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
     cluster = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, ranks={"subagent": 2},
-                           nodes={"planner": 2}, extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+                           nodes={"planner": 2}, role_env={"planner": {"MGRPO_BACKEND": "megatron"}},
+                           extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
     with supervised(cluster):
         store, url = Store.connect(cluster.redis_url), cluster.url("controller")
         node = httpx.get(f"{cluster.url('planner@1')}/readyz", timeout=5).json()
@@ -62,7 +65,12 @@ def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
             time.sleep(0.5)
         assert job["status"] == "succeeded", job["reason"]
         assert cluster.restarts.get("subagent") == 1, cluster.restarts  # the group, once; nothing else
+        assert (
+            "training on 2 ranks over 2 node(s), backend megatron"
+            in (tmp_path / "logs" / "planner.log").read_text()
+        )
         log = (tmp_path / "logs" / "subagent.log").read_text()
+        assert "training on 2 ranks over 1 node(s), backend fsdp" in log
         # torchrun saw rank 1 killed and stopped the group
         assert "(exitcode: -9) local_rank: 1" in log, log[-3000:]
         marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
@@ -84,5 +92,8 @@ def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
         trained = final_checkpoint(cluster, "subagent", job_id)
         assert_updated("subagent", warm.subagent_path, trained, records)
         assert_updated("planner", warm.planner_path, final_checkpoint(cluster, "planner", job_id), records)
-        state = torch.load(trained / "trainer_state.pt", weights_only=False)["optimizer"]
-        assert "model.embed_tokens.weight" in state["state"]  # FQN-keyed: resumes on any number of ranks
+        for role in keys.ROLES:  # FQN-keyed, either backend: resumes on any number of ranks, either backend
+            state = torch.load(
+                final_checkpoint(cluster, role, job_id) / "trainer_state.pt", weights_only=False
+            )
+            assert "model.embed_tokens.weight" in state["optimizer"]["state"], role

@@ -1,7 +1,9 @@
 """Run under `torchrun --nproc-per-node 2` by test_megatron.py: the tiny Qwen3 of `updates.py` as a
-megatron-core GPTModel split over 2 tensor-parallel ranks (gloo, on the CPU through `cpu_shim`):
-its logits on a left-padded batch (→ `<out>/logits.pt`) and the two updates of `updates.py` through
-`ppo_update` (the HF state after each → `<out>/tp2-1.pt`, `tp2-2.pt`)."""
+`MegatronPolicy` (a megatron-core GPTModel split over 2 tensor-parallel ranks, gloo, on the CPU
+through `cpu_shim`): its logits on a left-padded batch (→ `<out>/logits.pt`); the two updates of
+`updates.py` from scratch (HF weights and optimizer state after each → `<out>/tp2-1.pt`, `tp2-2.pt`,
+the sync into a zeroed HF model checked against them); and the second update resumed from the
+one-process state after the first (`<out>/w1-1.pt` → `<out>/w1to2-2.pt`)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,8 @@ import torch
 import torch.distributed as dist
 
 from mgrpo.parallel.group import init_from_env
-from mgrpo.parallel.megatron import MegatronCausalLM, cpu_shim, hf_to_megatron, load_into
-from mgrpo.training import ppo_update
-from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, tiny
+from mgrpo.parallel.megatron_policy import MegatronPolicy
+from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
 
 # HF's embedding drops the gradient of the pad token's row where the pad id is an *input* (its
 # padding_idx); megatron-core's has no such row. Rollouts never feed the pad token as a real token,
@@ -31,34 +32,41 @@ def batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def main(out: Path) -> None:
-    from megatron.core import parallel_state
-
-    assert init_from_env(timeout_s=120)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
-    hf, tok = tiny()
-    rank, tp = dist.get_rank(), dist.get_world_size()
-    with cpu_shim():
-        model = MegatronCausalLM(hf.config, tp)
-        load_into(model.gpt, hf_to_megatron(hf.state_dict(), hf.config, tp, rank))
-        ids, mask = batch(len(tok))
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-        states, metrics = [], []
-        for update in (0, 1):
-            rows, stale = samples(update, len(tok), low=NO_PAD)
-            metrics.append(
-                ppo_update(
-                    model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale
-                )
+def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
+    rows, stale = samples(update, len(tok), low=NO_PAD)
+    metrics = policy.update(rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale)
+    weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
+    synced = tiny()[0] if dist.get_rank() == 0 else None
+    if synced is not None:
+        for p in synced.parameters():
+            p.data.zero_()
+    policy.sync_into(synced)
+    if synced is not None:
+        for name, tensor in synced.state_dict().items():
+            assert torch.equal(tensor, weights[name]), (
+                f"sync_into differs from the gathered weights at {name}"
             )
-            states.append(model.hf_state_dict())
-    if rank == 0:
+        save(out, weights, optimizer, metrics)
+
+
+def main(out: Path) -> None:
+    assert init_from_env(timeout_s=120)
+    hf, tok = tiny()
+    rank0 = dist.get_rank() == 0
+    policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None)
+    ids, mask = batch(len(tok))
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids, attention_mask=mask).logits
+    if rank0:
         torch.save({"logits": logits, "ids": ids, "mask": mask}, out / "logits.pt")
-        for i, (state, m) in enumerate(zip(states, metrics, strict=True)):
-            torch.save({"weights": state, "metrics": m}, out / f"tp2-{i + 1}.pt")
-    parallel_state.destroy_model_parallel()
+    run(policy, tok, 0, out / "tp2-1.pt")
+    run(policy, tok, 1, out / "tp2-2.pt")
+    start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
+    if start is not None:
+        hf.load_state_dict(start["weights"])
+    policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None,
+                            optimizer_state=start["optimizer"] if start else None)  # fmt: skip
+    run(policy, tok, 1, out / "w1to2-2.pt")
     dist.destroy_process_group()
 
 

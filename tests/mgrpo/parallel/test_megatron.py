@@ -17,11 +17,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
+from mgrpo.checkpoint import optimizer_state
 from mgrpo.parallel.megatron import check_split, hf_to_megatron, megatron_to_hf
 from mgrpo.training import ppo_update
 from tests.mgrpo.parallel.megatron_tp import NO_PAD, batch
-from tests.mgrpo.parallel.test_fsdp import assert_same
-from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, tiny
+from tests.mgrpo.parallel.test_fsdp import assert_same, load
+from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -60,7 +61,14 @@ def test_a_split_that_does_not_divide_the_model_is_refused():
 
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
+    """One process (HF) here, then the 2-rank MegatronPolicy under torchrun; the states after each update."""
     out = tmp_path_factory.mktemp("megatron")
+    model, tok = tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    for update in (0, 1):
+        rows, stale = samples(update, len(tok), low=NO_PAD)
+        m = ppo_update(model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale)
+        save(out / f"w1-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out)]  # fmt: skip
@@ -81,17 +89,23 @@ def test_tensor_parallel_forward_equals_hf(tp2):
     assert (got["logits"][real] - want[real]).abs().max() < 1e-4
 
 
-def test_tensor_parallel_update_equals_hf(tp2):
-    """The same two PPO updates (stale samples, both loss denominators, clipping) on the HF model in
-    this process and on the 2-rank GPTModel: the same weights, converted back."""
-    model, tok = tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    for update in (0, 1):
-        rows, stale = samples(update, len(tok), low=NO_PAD)
-        metrics = ppo_update(
-            model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale
-        )
-        got = torch.load(tp2 / f"tp2-{update + 1}.pt", weights_only=False)
-        assert_same(got["weights"], model.state_dict())
-        for key in ("loss", "grad_norm", "clip_frac"):
-            assert abs(got["metrics"][key] - metrics[key]) < 1e-4, (key, got["metrics"][key], metrics[key])
+@pytest.mark.parametrize("update", [1, 2])
+def test_tensor_parallel_updates_equal_hf(tp2, update):
+    """The same PPO updates (stale samples, both loss denominators, clipping) on the HF model in this
+    process and on the 2-rank GPTModel: the same weights, converted back, and the same metrics."""
+    got, want = load(tp2 / f"tp2-{update}.pt"), load(tp2 / f"w1-{update}.pt")
+    assert_same(got["weights"], want["weights"])
+    for key in ("loss", "grad_norm", "clip_frac"):
+        assert abs(got["metrics"][key] - want["metrics"][key]) < 1e-4, (key, got["metrics"], want["metrics"])
+
+
+def test_optimizer_state_converts_both_ways(tp2):
+    """The optimizer state comes out in the one-process, FQN-keyed form (the same moments), and a
+    one-process state after update 1 resumes on 2 tensor-parallel ranks to the one-process update 2."""
+    got, want = load(tp2 / "tp2-1.pt")["optimizer"], load(tp2 / "w1-1.pt")["optimizer"]
+    assert set(got["state"]) == set(want["state"]) and "lm_head.weight" not in got["state"]  # tied
+    for name, s in want["state"].items():
+        assert float(got["state"][name]["step"]) == float(s["step"]), name
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert (got["state"][name][m] - s[m]).abs().max() < 1e-6 + 1e-3 * s[m].abs().max(), (name, m)
+    assert_same(load(tp2 / "w1to2-2.pt")["weights"], load(tp2 / "w1-2.pt")["weights"])

@@ -1,0 +1,155 @@
+"""A role's policy as a megatron-core GPTModel split over the group's W ranks by tensor parallelism
+(`MGRPO_BACKEND=megatron`), with the interface of the FSDP2 `ShardedPolicy`, so rank 0's service
+drives either the same way (`mgrpo.parallel.ranks`).
+
+Every rank builds its share of the model from the HF config (`mgrpo.parallel.megatron`) and takes
+rank 0's HF weights, broadcast tensor by tensor and sliced on each rank; every rank then runs the
+same `ppo_update` on every row of the step (tensor parallelism splits each layer, not the batch).
+Out of it come the HF names the rest of the system knows: `sync_into` gathers the shards into rank
+0's full HF model (the rollout engine's), and the optimizer state is converted the same way as the
+weights — per parameter `exp_avg` and `exp_avg_sq` — to the full, FQN-keyed form FSDP2 writes, so a
+checkpoint of either backend on any W resumes on the other.
+
+On the CPU the model runs inside `cpu_shim` (gloo; see mgrpo.parallel.megatron); on GPUs as is."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from mgrpo.agents.loop import Transcript
+from mgrpo.parallel.group import device
+from mgrpo.parallel.megatron import MegatronCausalLM, cpu_shim, hf_to_megatron, load_into, megatron_to_hf
+from mgrpo.training import UpdateSettings, ppo_update
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _on_device() -> contextlib.AbstractContextManager[None]:
+    return cpu_shim() if device().type == "cpu" else contextlib.nullcontext()
+
+
+def _tensor_parallel(world: int) -> None:
+    """megatron-core's parallel state for tensor parallelism over the whole group (once per process)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    elif parallel_state.get_tensor_model_parallel_world_size() != world:
+        raise RuntimeError(
+            f"megatron-core is set up for tensor parallel {parallel_state.get_tensor_model_parallel_world_size()}, not {world}"
+        )
+
+
+def _broadcast_hf(hf_config: Any, source: PreTrainedModel | None) -> dict[str, torch.Tensor]:
+    """Rank 0's HF state dict on every rank, one tensor at a time (the shapes come from the config)."""
+    with torch.device("meta"):
+        shapes = AutoModelForCausalLM.from_config(hf_config).state_dict()
+    mine = source.state_dict() if source is not None else {}
+    out = {}
+    for name, meta in shapes.items():
+        t = (
+            mine[name].detach().to(device(), torch.float32).contiguous()
+            if source is not None
+            else torch.empty(meta.shape, device=device())
+        )
+        dist.broadcast(t, src=0)
+        out[name] = t.cpu()
+    return out
+
+
+class MegatronPolicy:
+    def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
+                 optimizer_state: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """On every rank: `config` (the HF config dict), `lr`; rank 0 passes `source` (its full HF
+        model, not changed) and a full FQN-keyed `optimizer_state` to resume (None elsewhere)."""
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.hf_config = AutoConfig.for_model(**config)
+        _tensor_parallel(self.world)
+        with _on_device():
+            self.model = MegatronCausalLM(self.hf_config, self.world).to(device())
+            load_into(
+                self.model.gpt,
+                hf_to_megatron(_broadcast_hf(self.hf_config, source), self.hf_config, self.world, self.rank),
+            )
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        has_state = [optimizer_state is not None]
+        dist.broadcast_object_list(has_state, src=0)
+        if has_state[0]:
+            self._load_optimizer_state(optimizer_state)
+
+    def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *,
+               pad_id: int, seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
+        with _on_device():
+            model = cast(PreTrainedModel, self.model)  # it answers the HF call ppo_update makes
+            return ppo_update(model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale)
+
+    def _gathered(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """HF-named full tensors from every rank's megatron-named shards (every rank)."""
+        shards: list[Any] = [None] * self.world
+        dist.all_gather_object(shards, {k: v.detach().cpu() for k, v in local.items()})
+        return megatron_to_hf(shards, self.hf_config)
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The HF state dict on rank 0, {} elsewhere: every rank must call it."""
+        local = {k: v for k, v in self.model.gpt.state_dict().items() if not k.endswith("_extra_state")}
+        full = self._gathered(local)
+        return full if self.rank == 0 else {}
+
+    def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
+        """Every rank: the trained weights into rank 0's full HF `into` (None elsewhere)."""
+        full = self.full_weights()
+        if into is not None:
+            with torch.no_grad():
+                for name, p in into.state_dict().items():
+                    p.copy_(full[name])
+
+    def _named(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        return ((n.removeprefix("gpt."), p) for n, p in self.model.named_parameters())
+
+    def full_optimizer_state(self) -> dict[str, Any]:
+        """The optimizer state, gathered and FQN-keyed as FSDP2's full form, on rank 0 ({} elsewhere)."""
+        named = list(self._named())
+        moments = {
+            m: {n: self.optimizer.state[p][m] for n, p in named if p in self.optimizer.state} for m in MOMENTS
+        }
+        if not moments["exp_avg"]:
+            return {}  # never stepped
+        full = {m: self._gathered(moments[m]) for m in MOMENTS}
+        if self.rank > 0:
+            return {}
+        step = next(iter(self.optimizer.state.values()))["step"]
+        names = [
+            n for n in full["exp_avg"] if not (self.hf_config.tie_word_embeddings and n == "lm_head.weight")
+        ]
+        group = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
+        return {
+            "state": {n: {"step": step.clone(), **{m: full[m][n] for m in MOMENTS}} for n in names},
+            "param_groups": [{**group, "params": names}],
+        }
+
+    def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
+        """Every rank: rank 0's full FQN-keyed state (None elsewhere) into this rank's shards."""
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        full = box[0] or {}
+        if full and all(isinstance(k, int) for k in full.get("state", {})):
+            raise ValueError(
+                "an index-keyed optimizer state (an earlier version's checkpoint) cannot be resharded; resume it on one process"
+            )
+        by_name = full["state"]
+        hf = {m: {n: s[m] for n, s in by_name.items()} for m in MOMENTS}
+        shards = {m: hf_to_megatron(hf[m], self.hf_config, self.world, self.rank) for m in MOMENTS}
+        step = next(iter(by_name.values()))["step"]
+        for n, p in self._named():
+            self.optimizer.state[p] = {
+                "step": step.clone(),
+                **{m: shards[m][n].to(p.device).clone() for m in MOMENTS},
+            }
+        for group in self.optimizer.param_groups:
+            group.update({k: v for k, v in full["param_groups"][0].items() if k != "params"})

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from mgrpo.config import JobConfig
 from mgrpo.engines.base import RolloutEngine
 from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.replicas import ReplicatedEngine
 from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
 from mgrpo.tasks.deep_research import DeepResearchTask
@@ -101,11 +102,14 @@ def rollout_engine(
     version: int = 0,
 ) -> RolloutEngine:
     """The trainer's rollout engine: the in-process `hf` engine on the trainer's model (`own_weights`:
-    on its own copy, swapped at each push), or, with `sglang_url`, that SGLang server, first loaded
-    with `weights` (a folder the server can read) as policy `version`."""
+    on its own copy, swapped at each push), or, with `sglang_url`, that SGLang server (several,
+    comma-separated: its replicas, `mgrpo.engines.replicas`), first loaded with `weights` (a folder
+    the servers can read) as policy `version`."""
     if not sglang_url:
         return HFEngine(model, tokenizer, max_batch=max_batch, own_weights=own_weights, version=version)
-    engine = SGLangEngine(sglang_url, eos_token_id=tokenizer.eos_token_id)
+    urls = [u.strip() for u in sglang_url.split(",") if u.strip()]
+    servers = [SGLangEngine(u, eos_token_id=tokenizer.eos_token_id) for u in urls]
+    engine: RolloutEngine = servers[0] if len(servers) == 1 else ReplicatedEngine(servers)
     engine.update_weights(weights, version)
     return engine
 

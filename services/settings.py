@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     )
     sglang_url: str = Field(
         "",
-        description="An SGLang server this trainer rolls out with (it must read the checkpoint volume: every new policy is pushed with update_weights_from_disk); '' = the in-process hf engine.",
+        description="The SGLang server this trainer rolls out with, or several comma-separated (its replicas: prompts routed by prefix, else to the least loaded); each must read the checkpoint volume (every new policy is pushed with update_weights_from_disk); '' = the in-process hf engine.",
     )
     device: str = Field(
         "cpu",

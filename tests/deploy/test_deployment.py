@@ -140,6 +140,33 @@ def test_a_role_on_three_nodes_gets_a_node_statefulset_meeting_at_node_0():
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+def test_a_role_with_sglang_replicas_gets_them_and_pushes_to_each():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["roles"][1]["sglang"] = {"replicas": 2, "modelPath": "/data/base"}
+    docs = render({**values, "apiToken": "t"})
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    replicas = by[("StatefulSet", "rel-mgrpo-subagent-sglang")]["spec"]
+    assert (
+        replicas["replicas"] == 2
+        and by[("Service", "rel-mgrpo-subagent-sglang")]["spec"]["clusterIP"] == "None"
+    )
+    (c,) = replicas["template"]["spec"]["containers"]
+    assert c["command"][-2:] == ["--model-path", "/data/base"]
+    trainer = by[("Deployment", "rel-mgrpo-subagent")]["spec"]["template"]["spec"]["containers"][0]
+    urls = next(e["value"] for e in trainer["env"] if e["name"] == "MGRPO_SGLANG_URL").split(",")
+    assert urls == [f"http://rel-mgrpo-subagent-sglang-{i}.rel-mgrpo-subagent-sglang:30000" for i in range(2)]
+    assert by[("PersistentVolumeClaim", "rel-mgrpo-subagent-data")]["spec"]["accessModes"] == [
+        "ReadWriteMany"
+    ]
+    assert by[("PersistentVolumeClaim", "rel-mgrpo-planner-data")]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert not any(d["kind"] == "StatefulSet" and "planner" in d["metadata"]["name"] for d in docs)
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    values["roles"][1]["sglang"]["modelPath"] = ""
+    with pytest.raises(Exception, match=r"roles\[\]\.sglang\.modelPath"):
+        render({**values, "apiToken": "t"})
+
+
 def test_the_secret_holds_every_scope_and_a_generated_service_token():
     secret = next(d for d in render({"apiToken": "t", "readToken": "r"}) if d["kind"] == "Secret")[
         "stringData"

@@ -1,6 +1,7 @@
 """The SGLang client against a stand-in server that speaks SGLang's JSON (no GPU in CI), and a
 `gpu`-marked test against a real SGLang server (set SGLANG_URL, or run on a GPU machine)."""
 
+import copy
 import os
 
 import pytest
@@ -8,8 +9,10 @@ import torch
 
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.replicas import ReplicatedEngine
 from mgrpo.engines.sglang import SGLangEngine, SGLangError
-from mgrpo.models import build_model, save, token_logprobs
+from mgrpo.models import build_model, load, save, token_logprobs
+from mgrpo.runtime import rollout_engine
 from tests.mgrpo.sglang_standin import StandIn
 
 
@@ -54,6 +57,47 @@ def test_update_weights_and_errors(standin, tiny_model, tokenizer, tmp_path):
                 p.copy_(b)
     with pytest.raises(SGLangError, match="unreachable"):
         SGLangEngine("http://127.0.0.1:1", timeout_s=1).generate([[1]], SamplingParams())
+
+
+def test_replicas_route_by_prefix_and_all_take_every_policy(tiny_model, tokenizer, tmp_path):
+    """Two stand-in servers behind one ReplicatedEngine: a query group's prompts stay on one replica,
+    a new group goes to the less loaded one, the samples come back in order with the served model's
+    log-probs; after `update_weights` every replica's log-probs equal the new model's teacher-forced ones."""
+    models = [copy.deepcopy(tiny_model) for _ in range(2)]
+    engines = [HFEngine(m, tokenizer) for m in models]
+    servers = [StandIn(e) for e in engines]
+    with servers[0] as a, servers[1] as b:
+        calls = [s.calls for s in servers]
+        start = save(tiny_model, tokenizer, tmp_path / "v1")  # what a trainer's engine starts from
+        eng = rollout_engine(tiny_model, tokenizer, f"{a}, {b}", weights=str(start))
+        assert isinstance(eng, ReplicatedEngine) and [c["update"] for c in calls] == [[str(start)]] * 2
+        pa = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
+        pb = tokenizer.encode("Dodus is", add_special_tokens=False)
+        prompts = [pa, pb, pa, pb, pa, pb]
+        out = eng.generate(prompts, SamplingParams(max_new_tokens=6, seed=1))
+        assert [c["generate"] for c in calls] == [[3], [3]]  # one sub-batch per group, one group each
+        assert eng.route([pb, pa]) == [1, 0] and eng.in_flight == [1, 1]  # the same homes again
+        eng.in_flight = [0, 0]
+        assert_logprobs(tiny_model, prompts, out)
+        save(build_model("tiny", tokenizer, seed=9), tokenizer, tmp_path / "v2")
+        eng.update_weights(str(tmp_path / "v2"), version=3)
+        assert eng.weights_version == 3 and [c["update"][-1] for c in calls] == [str(tmp_path / "v2")] * 2
+        trained = load(tmp_path / "v2")[0]
+        for p in (pa, pb):  # pa is served by replica 0, pb by replica 1
+            (s,) = eng.generate([p], SamplingParams(max_new_tokens=6, seed=2))
+            assert s.weights_version == 3
+            assert_logprobs(trained, [p], [s])
+        with pytest.raises(SGLangError, match="refused"):
+            eng.update_weights(str(tmp_path), version=4)  # not a model folder
+        assert eng.weights_version == 3
+        eng.close()
+
+
+def assert_logprobs(model, prompts, samples) -> None:
+    for p, s in zip(prompts, samples, strict=True):
+        ids = torch.tensor([p + s.token_ids])
+        ref = token_logprobs(model, ids, torch.ones_like(ids))[0, len(p) - 1 :]
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4)
 
 
 @pytest.mark.gpu

@@ -81,13 +81,10 @@ class RoleModel:
         optim = cfg.optim_of("planner" if role == "single" else role)
         state = restore_trainer_state(resume) if resume else None
         self.world = joined_world()
+        self.ref_model = reference_model(cfg, model_role or role, cache_dir, device)
         if self.world > 1:
-            if optim.kl_coef > 0:
-                raise ValueError(
-                    f"kl_coef > 0 is not supported yet for a role trained on {self.world} ranks ({role})"
-                )
-            ranks.call("open", config=self.model.config.to_dict(), lr=optim.lr,
-                       local={"source": self.model, "optimizer_state": state})  # fmt: skip
+            ranks.call("open", config=self.model.config.to_dict(), lr=optim.lr, with_ref=self.ref_model is not None,
+                       local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model})  # fmt: skip
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=0.0)
         if state is not None and self.world == 1:
             load_optimizer_state(self.model, self.optimizer, state)
@@ -97,7 +94,6 @@ class RoleModel:
                                      own_weights=cfg.max_staleness > 0, version=self.version)  # fmt: skip
         self.spec = cfg.model_of("planner" if role == "single" else role)
         self.settings = UpdateSettings.of(optim, self.spec.temperature)
-        self.ref_model = reference_model(cfg, model_role or role, cache_dir, device)
 
     @property
     def pad_id(self) -> int:

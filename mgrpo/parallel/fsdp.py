@@ -55,29 +55,37 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     return cast(Sequence[torch.nn.Module], layers)
 
 
+def _sharded(config: dict[str, Any], source: PreTrainedModel | None) -> PreTrainedModel:
+    """The model of `config` sharded over the group, with rank 0's `source` weights (None elsewhere)."""
+    if source is not None:
+        model = copy.deepcopy(source)
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    torch.nn.Module.to(model, device())
+    gpu = device().type == "cuda"
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if gpu
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    full = get_model_state_dict(source) if source is not None else {}
+    set_model_state_dict(model, full, options=FROM_RANK0)
+    return model
+
+
 class ShardedPolicy:
     def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
-                 optimizer_state: dict[str, Any] | None = None) -> None:  # fmt: skip
-        """On every rank: `config` (the HF config dict), `lr`; rank 0 passes `source` (its full model,
-        copied, not changed) and a full `optimizer_state` to resume (None elsewhere)."""
+                 optimizer_state: dict[str, Any] | None = None, *, with_ref: bool = False,
+                 ref_source: PreTrainedModel | None = None) -> None:  # fmt: skip
+        """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
+        KL penalty); rank 0 passes `source` (its full model, copied, not changed), a full
+        `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if source is not None:
-            model = copy.deepcopy(source)
-        else:
-            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
-        torch.nn.Module.to(model, device())
-        gpu = device().type == "cuda"
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if gpu
-            else MixedPrecisionPolicy()
-        )
-        for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        full = get_model_state_dict(source) if source is not None else {}
-        set_model_state_dict(model, full, options=FROM_RANK0)
-        self.model: PreTrainedModel = model
+        self.model: PreTrainedModel = _sharded(config, source)
+        self.ref = _sharded(config, ref_source).requires_grad_(False).eval() if with_ref else None
         self._buffers: dict[int, torch.Tensor] = {}  # sync_into's, per bucket
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         has_state = [optimizer_state is not None]
@@ -88,7 +96,7 @@ class ShardedPolicy:
     def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *, pad_id: int,
                seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
         return ppo_update(self.model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale,
-                          shard=(self.rank, self.world))  # fmt: skip
+                          ref_model=self.ref if settings.kl_coef > 0 else None, shard=(self.rank, self.world))  # fmt: skip
 
     def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
         """Every rank: copy the trained weights into rank 0's full `into` (same parameter names; None

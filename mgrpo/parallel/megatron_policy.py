@@ -65,29 +65,42 @@ def _broadcast_hf(hf_config: Any, source: PreTrainedModel | None) -> dict[str, t
 
 class MegatronPolicy:
     def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
-                 optimizer_state: dict[str, Any] | None = None) -> None:  # fmt: skip
-        """On every rank: `config` (the HF config dict), `lr`; rank 0 passes `source` (its full HF
-        model, not changed) and a full FQN-keyed `optimizer_state` to resume (None elsewhere)."""
+                 optimizer_state: dict[str, Any] | None = None, *, with_ref: bool = False,
+                 ref_source: PreTrainedModel | None = None) -> None:  # fmt: skip
+        """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
+        KL penalty); rank 0 passes `source` (its full HF model, not changed), a full FQN-keyed
+        `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.hf_config = AutoConfig.for_model(**config)
         _tensor_parallel(self.world)
-        with _on_device():
-            self.model = MegatronCausalLM(self.hf_config, self.world).to(device())
-            load_into(
-                self.model.gpt,
-                hf_to_megatron(_broadcast_hf(self.hf_config, source), self.hf_config, self.world, self.rank),
-            )
+        self.model = self._split(source)
+        self.ref = self._split(ref_source).requires_grad_(False).eval() if with_ref else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         has_state = [optimizer_state is not None]
         dist.broadcast_object_list(has_state, src=0)
         if has_state[0]:
             self._load_optimizer_state(optimizer_state)
 
+    def _split(self, source: PreTrainedModel | None) -> MegatronCausalLM:
+        """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""
+        with _on_device():
+            model = MegatronCausalLM(self.hf_config, self.world).to(device())
+            shard = hf_to_megatron(
+                _broadcast_hf(self.hf_config, source), self.hf_config, self.world, self.rank
+            )
+            load_into(model.gpt, shard)
+        return model
+
     def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *,
                pad_id: int, seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
         with _on_device():
-            model = cast(PreTrainedModel, self.model)  # it answers the HF call ppo_update makes
-            return ppo_update(model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale)
+            model, ref = (
+                cast(PreTrainedModel, self.model),
+                cast(PreTrainedModel | None, self.ref if settings.kl_coef > 0 else None),
+            )  # the HF call
+            return ppo_update(
+                model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale, ref_model=ref
+            )
 
     def _gathered(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """HF-named full tensors from every rank's megatron-named shards (every rank)."""

@@ -51,14 +51,21 @@ def configure(backend: str) -> None:
     _backend = backend
 
 
-def _open(config: dict[str, Any], lr: float, source: Any = None, optimizer_state: Any = None) -> None:
+def _open(config: dict[str, Any], lr: float, with_ref: bool = False, source: Any = None,
+          optimizer_state: Any = None, ref_source: Any = None) -> None:  # fmt: skip
     global _policy
+    kwargs = {
+        "source": source,
+        "optimizer_state": optimizer_state,
+        "with_ref": with_ref,
+        "ref_source": ref_source,
+    }
     if _backend == "megatron":
         from mgrpo.parallel.megatron_policy import MegatronPolicy
 
-        _policy = MegatronPolicy(config, lr, source=source, optimizer_state=optimizer_state)
+        _policy = MegatronPolicy(config, lr, **kwargs)
     else:
-        _policy = ShardedPolicy(config, lr, source=source, optimizer_state=optimizer_state)
+        _policy = ShardedPolicy(config, lr, **kwargs)
 
 
 def _opened() -> ShardedPolicy | MegatronPolicy:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from mgrpo.parallel.group import init_from_env
 from mgrpo.parallel.megatron_policy import MegatronPolicy
-from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
 
 # HF's embedding drops the gradient of the pad token's row where the pad id is an *input* (its
 # padding_idx); megatron-core's has no such row. Rollouts never feed the pad token as a real token,
@@ -53,7 +53,13 @@ def main(out: Path) -> None:
     assert init_from_env(timeout_s=120)
     hf, tok = tiny()
     rank0 = dist.get_rank() == 0
-    policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None)
+    policy = MegatronPolicy(
+        hf.config.to_dict(),
+        LR,
+        source=hf if rank0 else None,
+        with_ref=True,
+        ref_source=reference(1) if rank0 else None,
+    )
     ids, mask = batch(len(tok))
     with torch.no_grad():
         logits = policy.model(input_ids=ids, attention_mask=mask).logits
@@ -64,7 +70,8 @@ def main(out: Path) -> None:
     start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
     if start is not None:
         hf.load_state_dict(start["weights"])
-    policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None,
+    policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None, with_ref=True,
+                            ref_source=reference(1) if rank0 else None,
                             optimizer_state=start["optimizer"] if start else None)  # fmt: skip
     run(policy, tok, 1, out / "w1to2-2.pt")
     dist.destroy_process_group()

@@ -14,7 +14,7 @@ import torch
 
 from mgrpo.checkpoint import load_optimizer_state, optimizer_state
 from mgrpo.training import ppo_update
-from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
 
 ROOT = Path(__file__).resolve().parents[3]
 TOL = 1e-6  # float32 sums in another order (per-rank partial losses, reduce-scatter)
@@ -25,7 +25,16 @@ FEW = 1e-3  # the share of elements allowed beyond TOL
 
 def one_rank_update(model, opt, pad_id, vocab, update):
     batch, stale = samples(update, vocab)
-    return ppo_update(model, opt, batch, SETTINGS[update], pad_id=pad_id, seed=update, stale=stale)
+    return ppo_update(
+        model,
+        opt,
+        batch,
+        SETTINGS[update],
+        pad_id=pad_id,
+        seed=update,
+        stale=stale,
+        ref_model=reference(update),
+    )
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -72,10 +81,10 @@ def test_two_ranks_train_as_one(runs):
         one, two = load(out / f"w1-{name}.pt"), load(out / f"w2-{name}.pt")
         assert_same(one["weights"], two["weights"])
         assert max_diff(one["weights"], start) > LR  # the updates moved the weights
-        for key in ("loss", "pg_loss", "tokens", "grad_norm", "ratio_max", "is_weight_mean"):
+        for key in ("loss", "pg_loss", "tokens", "grad_norm", "ratio_max", "is_weight_mean", "kl_ref"):
             if key in one["metrics"]:
                 assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-6), key
-    assert "is_weight_mean" in load(out / "w2-2.pt")["metrics"]  # the stale samples' correction ran
+    assert {"is_weight_mean", "kl_ref"} <= set(load(out / "w2-2.pt")["metrics"])  # the correction and the KL ran
 
 
 def test_a_checkpoint_resumes_on_another_world_size(runs):

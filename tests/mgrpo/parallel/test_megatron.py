@@ -22,7 +22,7 @@ from mgrpo.parallel.megatron import check_split, hf_to_megatron, megatron_to_hf
 from mgrpo.training import ppo_update
 from tests.mgrpo.parallel.megatron_tp import NO_PAD, batch
 from tests.mgrpo.parallel.test_fsdp import assert_same, load
-from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,7 +67,16 @@ def tp2(tmp_path_factory):
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     for update in (0, 1):
         rows, stale = samples(update, len(tok), low=NO_PAD)
-        m = ppo_update(model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale)
+        m = ppo_update(
+            model,
+            opt,
+            rows,
+            SETTINGS[update],
+            pad_id=tok.pad_token_id,
+            seed=update,
+            stale=stale,
+            ref_model=reference(update),
+        )
         save(out / f"w1-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from mgrpo.parallel.fsdp import ShardedPolicy
 from mgrpo.parallel.group import init_from_env
-from tests.mgrpo.parallel.updates import LR, SETTINGS, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
 
 
 def run(policy: ShardedPolicy, pad_id: int, vocab: int, update: int, out: Path | None) -> None:
@@ -38,13 +38,20 @@ def main(out: Path) -> None:
     assert init_from_env(timeout_s=120)
     model, tok = tiny()
     rank0 = dist.get_rank() == 0
-    policy = ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None)
+    policy = ShardedPolicy(
+        model.config.to_dict(),
+        LR,
+        source=model if rank0 else None,
+        with_ref=True,
+        ref_source=reference(1) if rank0 else None,
+    )
     run(policy, tok.pad_token_id, len(tok), 0, out / "w2-1.pt")
     run(policy, tok.pad_token_id, len(tok), 1, out / "w2-2.pt")
     start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
     if start is not None:
         model.load_state_dict(start["weights"])
-    policy = ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None,
+    policy = ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None, with_ref=True,
+                            ref_source=reference(1) if rank0 else None,
                            optimizer_state=start["optimizer"] if start else None)  # fmt: skip
     run(policy, tok.pad_token_id, len(tok), 1, out / "w1to2-2.pt")
     dist.destroy_process_group()

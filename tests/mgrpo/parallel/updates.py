@@ -1,5 +1,6 @@
 """What the data-parallel tests train: a tiny model, hand-built samples and two updates' settings
-(the second with stale samples and token-mean, so the proximal pass and both denominators run), the
+(the second with stale samples, token-mean and a KL penalty to the starting model, so the proximal
+pass, both denominators and the sharded reference run), the
 same in the test process (W = 1) and under torchrun (`two_ranks.py`, W = 2)."""
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ SETTINGS = (
     UpdateSettings(
         minibatch_size=4, ppo_epochs=2
     ),  # 5 samples: the last minibatch of 1 leaves rank 1 a weight-0 row
-    UpdateSettings(minibatch_size=3, ppo_epochs=1, loss_agg="token-mean"),
+    UpdateSettings(minibatch_size=3, ppo_epochs=1, loss_agg="token-mean", kl_coef=0.05),  # KL to the start
 )
+
+
+def reference(update: int) -> torch.nn.Module | None:
+    """The frozen reference of an update with a KL penalty: the starting model."""
+    return tiny()[0].requires_grad_(False).eval() if SETTINGS[update].kl_coef > 0 else None
 
 
 def tiny() -> tuple[torch.nn.Module, Any]:

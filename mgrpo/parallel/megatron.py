@@ -280,18 +280,3 @@ class MegatronCausalLM(torch.nn.Module):
         for g, _ in grads:
             g.mul_(scale.to(g.dtype))
         return norm
-
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model as an HF Qwen3 state dict, gathered from the tensor-parallel group (every rank)."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state
-
-        mine = {
-            k: v.detach().cpu() for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")
-        }
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        shards: list[Any] = [mine]
-        if tp > 1:
-            shards = [None] * tp
-            dist.all_gather_object(shards, mine, group=parallel_state.get_tensor_model_parallel_group())
-        return megatron_to_hf(shards, self.config)

@@ -103,19 +103,26 @@ class MegatronPolicy:
             )
 
     def _gathered(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """HF-named full tensors from every rank's megatron-named shards (every rank)."""
-        shards: list[Any] = [None] * self.world
-        dist.all_gather_object(shards, {k: v.detach().cpu() for k, v in local.items()})
-        return megatron_to_hf(shards, self.hf_config)
+        """HF-named full tensors on rank 0 ({} elsewhere) from every rank's megatron-named shards:
+        one gather per tensor, in the same order on every rank (tensor-parallel shards are equal in size)."""
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.world)]
+        for name in sorted(local):
+            t = local[name].detach().contiguous()
+            parts = [torch.empty_like(t) for _ in range(self.world)] if self.rank == 0 else None
+            dist.gather(t, parts, dst=0)
+            for r, part in enumerate(parts or []):
+                shards[r][name] = part.cpu()
+        return megatron_to_hf(shards, self.hf_config) if self.rank == 0 else {}
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """The HF state dict on rank 0, {} elsewhere: every rank must call it."""
-        local = {k: v for k, v in self.model.gpt.state_dict().items() if not k.endswith("_extra_state")}
-        full = self._gathered(local)
-        return full if self.rank == 0 else {}
+        return self._gathered(
+            {k: v for k, v in self.model.gpt.state_dict().items() if not k.endswith("_extra_state")}
+        )
 
     def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
-        """Every rank: the trained weights into rank 0's full HF `into` (None elsewhere)."""
+        """Every rank: the trained weights into rank 0's full HF `into` (None elsewhere); `bucket_mb`
+        is the FSDP2 policy's (the tensors go one by one here)."""
         full = self.full_weights()
         if into is not None:
             with torch.no_grad():

@@ -10,6 +10,9 @@
    `weight_sync_s`: `ShardedPolicy.sync_into`, bucketed gathers) against a raw `broadcast` of the
    same bytes in the same group: seconds, GB/s, and sync / raw bandwidth (goal ≥ 0.8); and, for
    comparison, torch's `get_model_state_dict(full_state_dict=True)` + `load_state_dict`.
+3. **The megatron backend** on the same two ranks (megatron-core tensor parallel 2, on the CPU
+   through its shim): the same update, and its sync (`MegatronPolicy.sync_into`: a gather per tensor
+   to rank 0, converted to HF names) against the same raw broadcast.
 
 Prints a table and writes the JSON. The W = 2 half runs as `torchrun --nproc-per-node 2` of this file.
 """
@@ -78,14 +81,22 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def sync_sizes(shape: str, tok, rank0: bool, repeats: int) -> dict:
-    """Under torchrun: one model size's sync, torch's state-dict sync and a raw broadcast, in seconds."""
-    import torch.distributed as dist
+def policy_class(backend: str):
+    if backend == "megatron":
+        from mgrpo.parallel.megatron_policy import MegatronPolicy
 
+        return MegatronPolicy
     from mgrpo.parallel.fsdp import ShardedPolicy
 
+    return ShardedPolicy
+
+
+def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp") -> dict:
+    """Under torchrun: one model size's sync, torch's state-dict sync (fsdp) and a raw broadcast, in seconds."""
+    import torch.distributed as dist
+
     full = model_of(shape, tok)
-    policy = ShardedPolicy(full.config.to_dict(), 1e-5, source=full if rank0 else None)
+    policy = policy_class(backend)(full.config.to_dict(), 1e-5, source=full if rank0 else None)
     nbytes = sum(p.numel() * p.element_size() for p in full.parameters())
 
     def state_dict_sync() -> None:
@@ -95,7 +106,7 @@ def sync_sizes(shape: str, tok, rank0: bool, repeats: int) -> dict:
 
     flat = torch.zeros(nbytes // 4, dtype=torch.float32)
     sync_s = median_time(lambda: policy.sync_into(full if rank0 else None), repeats)
-    sd_s = median_time(state_dict_sync, repeats)
+    sd_s = median_time(state_dict_sync, repeats) if backend == "fsdp" else float("nan")
     raw_s = median_time(lambda: dist.broadcast(flat, src=0), repeats)
     return {"model": shape, "params": n_params(full), "MB": nbytes / 1e6, "sync_s": sync_s, "raw_broadcast_s": raw_s,
             "state_dict_sync_s": sd_s, "sync_GBps": nbytes / sync_s / 1e9, "raw_GBps": nbytes / raw_s / 1e9,
@@ -115,20 +126,25 @@ def two_ranks(args) -> None:
     """Under torchrun: the update and the sync sizes; rank 0 writes the JSON to args.worker_out."""
     import torch.distributed as dist
 
-    from mgrpo.parallel.fsdp import ShardedPolicy
     from mgrpo.parallel.group import init_from_env
 
     init_from_env(timeout_s=600)
     rank0, out = dist.get_rank() == 0, {}
     tok = tokenizer()
     model = build_model("small", tok)
-    policy = ShardedPolicy(model.config.to_dict(), 1e-5, source=model if rank0 else None)
     data = batch(args.samples, args.tokens, len(tok))
-    s = median_time(
-        lambda: policy.update(data, SETTINGS, pad_id=tok.pad_token_id, seed=0, stale=None), args.repeats
-    )
-    out["update"] = {"update_s": s, "samples_per_s": args.samples / s, "threads": torch.get_num_threads()}
-    out["sync"] = [sync_sizes(shape, tok, rank0, args.repeats) for shape in SHAPES]
+    for backend, suffix in (("fsdp", ""), ("megatron", "_megatron")):
+        policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None)
+        s = median_time(
+            lambda p=policy: p.update(data, SETTINGS, pad_id=tok.pad_token_id, seed=0, stale=None),
+            args.repeats,
+        )
+        out["update" + suffix] = {
+            "update_s": s,
+            "samples_per_s": args.samples / s,
+            "threads": torch.get_num_threads(),
+        }
+        out["sync" + suffix] = [sync_sizes(shape, tok, rank0, args.repeats, backend) for shape in SHAPES]
     if rank0:
         Path(args.worker_out).write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -154,7 +170,9 @@ def main() -> None:
         w2 = json.loads(worker_out.read_text())
     result = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "samples": args.samples,
               "tokens": args.tokens, "update_w1": w1, "update_w2": w2["update"], "sync": w2["sync"],
-              "update_w2_over_w1_speed": w1["update_s"] / w2["update"]["update_s"]}  # fmt: skip
+              "update_w2_over_w1_speed": w1["update_s"] / w2["update"]["update_s"],
+              "update_megatron_tp2": w2["update_megatron"], "sync_megatron": w2["sync_megatron"],
+              "update_megatron_tp2_over_w1_speed": w1["update_s"] / w2["update_megatron"]["update_s"]}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"update ({args.samples} × {args.tokens} tokens, small preset): W=1 {w1['update_s']:.2f} s "
           f"({w1['samples_per_s']:.1f} samples/s, {w1['threads']} threads)  W=2 {w2['update']['update_s']:.2f} s "
@@ -165,6 +183,12 @@ def main() -> None:
     )
     for r in w2["sync"]:
         print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {r['state_dict_sync_s']:12.3f} "
+              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+    m = w2["update_megatron"]
+    print(f"megatron, tensor parallel 2: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
+          f"speed / W=1 {result['update_megatron_tp2_over_w1_speed']:.2f}; its sync:")  # fmt: skip
+    for r in w2["sync_megatron"]:
+        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
               f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
 
 

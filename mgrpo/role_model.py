@@ -11,9 +11,10 @@ the bound it is trained with the importance-weight correction (`mgrpo.training`)
 `staleness_<k>` (share of samples k versions old), `stale_dropped`, `stale_beyond_bound`.
 
 On W ranks (the service started under torchrun, `mgrpo.parallel`): this object lives on rank 0 and
-keeps the full model the engine and the checkpoints use; the update runs on the policy sharded over
-all ranks (FSDP2), and its gathered weights are loaded back into the full model after every update
-(the weight sync, `weight_sync_s` per update). W = 1 trains `model` itself, as always."""
+keeps the full model the engine and the checkpoints use; the update runs on the policy held by all
+ranks (FSDP2 shards, or megatron-core tensor parallel with `MGRPO_BACKEND=megatron`; the KL
+reference sharded alike), and its gathered weights are loaded back into the full model after every
+update (the weight sync, `weight_sync_s` per update). W = 1 trains `model` itself, as always."""
 
 from __future__ import annotations
 

@@ -29,6 +29,8 @@ import torch
 
 from mgrpo.checkpoint import (
     CheckpointInfo,
+    full_optimizer_state,
+    is_sharded,
     latest_checkpoint,
     load_optimizer_state,
     optimizer_state,
@@ -84,6 +86,10 @@ class RoleModel:
         self.world = joined_world()
         self.ref_model = reference_model(cfg, model_role or role, cache_dir, device)
         if self.world > 1:
+            if (
+                state is not None and is_sharded(state) and not ranks.shards_optimizer()
+            ):  # shards it cannot read
+                state = full_optimizer_state(self.model, state)
             ranks.call("open", config=self.model.config.to_dict(), lr=optim.lr, with_ref=self.ref_model is not None,
                        local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model})  # fmt: skip
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=0.0)
@@ -150,11 +156,17 @@ class RoleModel:
 
     def save(self, step: int, *, push: bool = True) -> CheckpointInfo:
         """Checkpoint the step; an engine with its own weights (SGLang) loads them (when `push`)."""
+        shards = self.world > 1 and ranks.shards_optimizer()  # else the full state, gathered to rank 0
         state = (
-            ranks.call("optimizer_state") if self.world > 1 else optimizer_state(self.model, self.optimizer)
+            None
+            if shards
+            else ranks.call("optimizer_state")
+            if self.world > 1
+            else optimizer_state(self.model, self.optimizer)
         )
-        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, state, step=step,
-                               version=self.version, keep_every_steps=self.cfg.checkpoint_keep_every_steps)  # fmt: skip
+        write = (lambda folder: ranks.call("save_optimizer", path=str(folder))) if shards else None
+        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, state, step=step, version=self.version,
+                               keep_every_steps=self.cfg.checkpoint_keep_every_steps, write_optimizer=write)  # fmt: skip
         if push and not self.engine.shares_weights and not isinstance(self.engine, HFEngine):
             self.engine.update_weights(str(ckpt.path), self.version)  # an SGLang server reads the folder
         return ckpt

@@ -3,8 +3,9 @@ root; bf16 parameters with fp32 gradient reduction on GPU). Every rank builds it
 config and takes rank 0's weights by broadcast, so only rank 0 (the service) reads the checkpoint.
 
 The update is `mgrpo.training.ppo_update` with `shard=(rank, W)`; the full weights and the optimizer
-state are gathered to rank 0 (`full_weights`, `full_optimizer_state`: FQN-keyed, so a checkpoint of W
-ranks resumes on any other W, W = 1 included).
+state are gathered to rank 0 (`full_weights`, `full_optimizer_state`: FQN-keyed), or each rank writes and reads its own shard of
+the optimizer state (`save_optimizer`, torch.distributed.checkpoint), so a checkpoint of W ranks
+resumes on any other W, W = 1 included.
 
 The weight sync after every update (`sync_into`, rank 0's full model: the rollout engine's) gathers
 the shards in buckets: each rank > 0 packs its dim-0 shards of a bucket's parameters (padded to the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -32,7 +34,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
-from mgrpo.checkpoint import FULL
+from mgrpo.checkpoint import FULL, is_sharded, load_sharded_optimizer, save_sharded_optimizer
 from mgrpo.parallel.group import device
 from mgrpo.training import UpdateSettings, ppo_update
 
@@ -88,9 +90,11 @@ class ShardedPolicy:
         self.ref = _sharded(config, ref_source).requires_grad_(False).eval() if with_ref else None
         self._buffers: dict[int, torch.Tensor] = {}  # sync_into's, per bucket
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
-        has_state = [optimizer_state is not None]
-        dist.broadcast_object_list(has_state, src=0)
-        if has_state[0]:
+        given: list[Any] = [optimizer_state if is_sharded(optimizer_state) else optimizer_state is not None]
+        dist.broadcast_object_list(given, src=0)  # DCP shards: their folder, read by every rank
+        if is_sharded(given[0]):
+            load_sharded_optimizer(self.model, self.optimizer, given[0]["dcp"], no_dist=False)
+        elif given[0]:
             set_optimizer_state_dict(self.model, self.optimizer, optimizer_state or {}, options=FROM_RANK0)
 
     def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *, pad_id: int,
@@ -156,6 +160,11 @@ class ShardedPolicy:
     def full_weights(self) -> dict[str, torch.Tensor]:
         """The gathered state dict on rank 0 (CPU), {} elsewhere: every rank must call it."""
         return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=FULL))
+
+    def save_optimizer(self, path: str) -> None:
+        """Every rank: its shard of the optimizer state into the folder `path` (DCP; every rank must
+        see it: one machine, or a volume they share)."""
+        save_sharded_optimizer(self.model, self.optimizer, Path(path))
 
     def full_optimizer_state(self) -> dict[str, Any]:
         """The gathered, FQN-keyed optimizer state on rank 0, {} elsewhere: every rank must call it."""

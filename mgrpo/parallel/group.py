@@ -25,6 +25,11 @@ def joined_world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def one_machine() -> bool:
+    """Whether every rank of the group runs on this machine (torchrun's LOCAL_WORLD_SIZE = WORLD_SIZE)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size())) == world_size()
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
 

@@ -7,7 +7,8 @@ order on every rank. One call at a time.
 Calls: `open` (build the sharded policy of a job's role from rank 0's model: FSDP2, or megatron-core
 tensor parallel after `configure("megatron")`), `update` (one PPO update
 on the step's samples, split across the ranks), `sync` (the weights into rank 0's full model),
-`optimizer_state` (gathered to rank 0), `close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
+`optimizer_state` (gathered to rank 0), `save_optimizer` (each rank's shard into a checkpoint,
+fsdp), `close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
 others serving. A rank that dies fails rank 0's next collective at once (gloo: "Connection closed by
 peer"): `call` raises `RankLost`, on which the service exits rather than failing the job, so that
 torchrun (or Kubernetes) restarts the group and the job resumes from its last checkpoint."""
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from mgrpo.parallel import group
 from mgrpo.parallel.fsdp import ShardedPolicy
 
 if TYPE_CHECKING:
@@ -74,6 +76,19 @@ def _opened() -> ShardedPolicy | MegatronPolicy:
     return _policy
 
 
+def _sharded() -> ShardedPolicy:
+    policy = _opened()
+    if not isinstance(policy, ShardedPolicy):
+        raise RuntimeError("only the fsdp backend writes optimizer shards")
+    return policy
+
+
+def shards_optimizer() -> bool:
+    """Whether this group checkpoints its optimizer state as per-rank shards (DCP): the fsdp backend
+    with every rank on this machine, so every rank sees the checkpoint volume."""
+    return _backend == "fsdp" and group.one_machine()
+
+
 def _close() -> None:
     global _policy
     _policy = None
@@ -84,6 +99,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "update": lambda **kw: _opened().update(**kw),
     "sync": lambda into=None: _opened().sync_into(into),
     "optimizer_state": lambda: _opened().full_optimizer_state(),
+    "save_optimizer": lambda path: _sharded().save_optimizer(path),
     "close": _close,
 }
 

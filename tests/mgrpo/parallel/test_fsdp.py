@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgrpo.checkpoint import load_optimizer_state, optimizer_state
+from mgrpo.checkpoint import full_optimizer_state, load_optimizer_state, optimizer_state
 from mgrpo.training import ppo_update
 from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
 
@@ -84,7 +84,9 @@ def test_two_ranks_train_as_one(runs):
         for key in ("loss", "pg_loss", "tokens", "grad_norm", "ratio_max", "is_weight_mean", "kl_ref"):
             if key in one["metrics"]:
                 assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-6), key
-    assert {"is_weight_mean", "kl_ref"} <= set(load(out / "w2-2.pt")["metrics"])  # the correction and the KL ran
+    assert {"is_weight_mean", "kl_ref"} <= set(
+        load(out / "w2-2.pt")["metrics"]
+    )  # the correction and the KL ran
 
 
 def test_a_checkpoint_resumes_on_another_world_size(runs):
@@ -92,6 +94,19 @@ def test_a_checkpoint_resumes_on_another_world_size(runs):
     reference = load(out / "w1-2.pt")["weights"]
     # W = 1 → 2: the second update at W = 2 from the one-rank state after the first
     assert_same(load(out / "w1to2-2.pt")["weights"], reference)
+    # W = 2 → 2 through the ranks' own optimizer shards (DCP)
+    assert_same(load(out / "dcp-2.pt")["weights"], reference)
+    # W = 2 shards → 1: the same moments as the gathered state, and the same second update
+    state = load(out / "w2-1.pt")
+    model, tok = tiny()
+    model.load_state_dict(state["weights"])
+    full = full_optimizer_state(model, {"dcp": str(out / "dcp-1")})
+    for name, s in state["optimizer"]["state"].items():
+        assert all(torch.equal(full["state"][name][m], s[m]) for m in ("exp_avg", "exp_avg_sq")), name
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    load_optimizer_state(model, opt, {"dcp": str(out / "dcp-1")})
+    one_rank_update(model, opt, tok.pad_token_id, len(tok), 1)
+    assert_same(model.state_dict(), reference)
     # W = 2 → 1: the second update in one process from the two-rank state (FQN-keyed optimizer state)
     state = load(out / "w2-1.pt")
     model, tok = tiny()

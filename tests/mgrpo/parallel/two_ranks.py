@@ -1,6 +1,7 @@
 """Run under `torchrun --nproc-per-node 2` by test_fsdp.py: the two updates of `updates.py` on a policy
 sharded over 2 ranks (gloo), from scratch (state after each update → `<out>/w2-1.pt`, `w2-2.pt`) and
-from a W = 1 state after the first (`<out>/w1-1.pt` → the second update → `<out>/w1to2-2.pt`)."""
+from a W = 1 state after the first (`<out>/w1-1.pt` → the second update → `<out>/w1to2-2.pt`), and
+from the sharded (DCP) optimizer state it wrote after the first (`<out>/dcp-1/` → `<out>/dcp-2.pt`)."""
 
 from __future__ import annotations
 
@@ -34,26 +35,27 @@ def run(policy: ShardedPolicy, pad_id: int, vocab: int, update: int, out: Path |
         save(out, weights, optimizer, metrics)
 
 
+def opened(model, rank0: bool, optimizer_state=None) -> ShardedPolicy:
+    """A 2-rank policy from rank 0's `model` (and optimizer state), with the KL reference."""
+    return ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None, with_ref=True,
+                         ref_source=reference(1) if rank0 else None,
+                         optimizer_state=optimizer_state if rank0 else None)  # fmt: skip
+
+
 def main(out: Path) -> None:
     assert init_from_env(timeout_s=120)
     model, tok = tiny()
     rank0 = dist.get_rank() == 0
-    policy = ShardedPolicy(
-        model.config.to_dict(),
-        LR,
-        source=model if rank0 else None,
-        with_ref=True,
-        ref_source=reference(1) if rank0 else None,
-    )
+    policy = opened(model, rank0)
     run(policy, tok.pad_token_id, len(tok), 0, out / "w2-1.pt")
+    policy.save_optimizer(str(out / "dcp-1"))  # every rank its shard
     run(policy, tok.pad_token_id, len(tok), 1, out / "w2-2.pt")
-    start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
-    if start is not None:
-        model.load_state_dict(start["weights"])
-    policy = ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None, with_ref=True,
-                            ref_source=reference(1) if rank0 else None,
-                           optimizer_state=start["optimizer"] if start else None)  # fmt: skip
-    run(policy, tok.pad_token_id, len(tok), 1, out / "w1to2-2.pt")
+    for start, shards, name in (("w1-1.pt", None, "w1to2-2.pt"), ("w2-1.pt", out / "dcp-1", "dcp-2.pt")):
+        state = torch.load(out / start, weights_only=False) if rank0 else None
+        if state is not None:
+            model.load_state_dict(state["weights"])
+        optimizer = {"dcp": str(shards)} if shards else state["optimizer"] if state else None
+        run(opened(model, rank0, optimizer), tok.pad_token_id, len(tok), 1, out / name)
     dist.destroy_process_group()
 
 

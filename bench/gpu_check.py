@@ -89,12 +89,16 @@ def check_fsdp(device: torch.device, size: str, batch: int, seq: int) -> dict[st
 
 
 def check_megatron(device: torch.device) -> dict[str, Any]:
-    from megatron.core import parallel_state
+    from mgrpo.parallel.megatron import (
+        MegatronCausalLM,
+        cpu_shim,
+        hf_to_megatron,
+        load_into,
+        megatron_to_hf,
+        tensor_parallel,
+    )
 
-    from mgrpo.parallel.megatron import MegatronCausalLM, cpu_shim, hf_to_megatron, load_into, megatron_to_hf
-
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    tensor_parallel(1)
     hf = model_of("quick", device)
     state = {k: v.detach().cpu() for k, v in hf.state_dict().items()}
     exact = all(

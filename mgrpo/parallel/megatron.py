@@ -173,6 +173,22 @@ def rope_theta(cfg: Any) -> float:
     return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
 
 
+def tensor_parallel(tp: int, seed: int = 1234) -> None:
+    """megatron-core's parallel state for tensor parallelism over the whole group of `tp` ranks (once
+    per process); on GPUs also its tensor-parallel CUDA RNG states (the CPU shim needs none)."""
+    from megatron.core import parallel_state
+    from megatron.core import tensor_parallel as mtp
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        if torch.cuda.is_available():
+            mtp.model_parallel_cuda_manual_seed(seed)
+    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+        raise RuntimeError(
+            f"megatron-core is set up for tensor parallel {parallel_state.get_tensor_model_parallel_world_size()}, not {tp}"
+        )
+
+
 def build_gpt(cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """An (untrained) megatron-core GPTModel shaped like the HF Qwen3 config, on this rank's share of
     T tensor-parallel ranks (megatron's parallel state must be initialised with T)."""

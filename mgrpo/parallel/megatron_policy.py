@@ -24,7 +24,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
 from mgrpo.parallel.group import device
-from mgrpo.parallel.megatron import MegatronCausalLM, cpu_shim, hf_to_megatron, load_into, megatron_to_hf
+from mgrpo.parallel.megatron import (
+    MegatronCausalLM,
+    cpu_shim,
+    hf_to_megatron,
+    load_into,
+    megatron_to_hf,
+    tensor_parallel,
+)
 from mgrpo.training import UpdateSettings, ppo_update
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -32,18 +39,6 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 def _on_device() -> contextlib.AbstractContextManager[None]:
     return cpu_shim() if device().type == "cpu" else contextlib.nullcontext()
-
-
-def _tensor_parallel(world: int) -> None:
-    """megatron-core's parallel state for tensor parallelism over the whole group (once per process)."""
-    from megatron.core import parallel_state
-
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    elif parallel_state.get_tensor_model_parallel_world_size() != world:
-        raise RuntimeError(
-            f"megatron-core is set up for tensor parallel {parallel_state.get_tensor_model_parallel_world_size()}, not {world}"
-        )
 
 
 def _broadcast_hf(hf_config: Any, source: PreTrainedModel | None) -> dict[str, torch.Tensor]:
@@ -72,7 +67,7 @@ class MegatronPolicy:
         `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.hf_config = AutoConfig.for_model(**config)
-        _tensor_parallel(self.world)
+        tensor_parallel(self.world)
         self.model = self._split(source)
         self.ref = self._split(ref_source).requires_grad_(False).eval() if with_ref else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)

@@ -6,9 +6,11 @@ here (AMD EPYC, AVX2): with ATen's `default` kernels even a freshly initialised 
 bit from the AVX2 one, and MKL's `COMPATIBLE` path changes the weights after three SFT steps. So the
 same seed gave different warm starts on two machines of one kind with different processors. Every
 mgrpo process therefore pins both to AVX2 (which every x86-64 server of the last decade has), before
-torch's first operation: `ATEN_CPU_CAPABILITY=avx2`, `MKL_CBWR=AVX2`. Either variable already set
-wins; `MGRPO_PIN_CPU_NUMERICS=0` turns the pinning off. Thread counts do not enter: the warm start's
-results were measured identical on 1 and 2 intra-op threads, and every machine of a kind has the same.
+torch's first operation: `ATEN_CPU_CAPABILITY=avx2`, `MKL_CBWR=AVX2,STRICT`. Either variable already
+set wins; `MGRPO_PIN_CPU_NUMERICS=0` turns the pinning off. Thread counts do not enter: MKL's plain
+`AVX2` path is reproducible only for a fixed number of threads, and on an Intel Xeon with AVX-512 a
+warm start on 1 and on 2 intra-op threads differed bit for bit (2026-12-02; on the AMD machine they had
+not); the `STRICT` mode makes its results independent of the thread count, measured identical there.
 
 **Cache keys.** A cached warm start is reused only when everything that changes its result is the
 same: its config, the version of each generator it consumes (`RECIPE_VERSIONS`: bump one when its code
@@ -26,7 +28,7 @@ import platform
 from importlib import metadata
 from typing import Any
 
-NUMERICS_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+NUMERICS_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
 
 # One version per generator a warm start consumes: bump it when a change to its code changes its output.
 RECIPE_VERSIONS = {

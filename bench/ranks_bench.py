@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from mgrpo.agents.loop import Transcript  # noqa: E402
 from mgrpo.models import build_model, n_params, train_tokenizer  # noqa: E402
+from mgrpo.parallel.ranks import policy_class  # noqa: E402
 from mgrpo.training import UpdateSettings, ppo_update  # noqa: E402
 
 SETTINGS = UpdateSettings(minibatch_size=32, ppo_epochs=1)
@@ -79,16 +80,6 @@ def median_time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def policy_class(backend: str):
-    if backend == "megatron":
-        from mgrpo.parallel.megatron_policy import MegatronPolicy
-
-        return MegatronPolicy
-    from mgrpo.parallel.fsdp import ShardedPolicy
-
-    return ShardedPolicy
 
 
 def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp") -> dict:

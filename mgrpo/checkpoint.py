@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -98,7 +98,7 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     return cast(dict[str, Any], get_optimizer_state_dict(model, optimizer, options=FULL))
 
 
-def is_sharded(state: object) -> bool:
+def is_sharded(state: object) -> TypeGuard[dict[str, Any]]:
     """Whether a restored optimizer state names DCP shards (`{"dcp": folder}`) rather than holding it."""
     return isinstance(state, dict) and "dcp" in state
 

@@ -86,9 +86,7 @@ class RoleModel:
         self.world = joined_world()
         self.ref_model = reference_model(cfg, model_role or role, cache_dir, device)
         if self.world > 1:
-            if (
-                state is not None and is_sharded(state) and not ranks.shards_optimizer()
-            ):  # shards it cannot read
+            if is_sharded(state) and not ranks.shards_optimizer():  # shards this group cannot read
                 state = full_optimizer_state(self.model, state)
             ranks.call("open", config=self.model.config.to_dict(), lr=optim.lr, with_ref=self.ref_model is not None,
                        local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model})  # fmt: skip
@@ -156,15 +154,13 @@ class RoleModel:
 
     def save(self, step: int, *, push: bool = True) -> CheckpointInfo:
         """Checkpoint the step; an engine with its own weights (SGLang) loads them (when `push`)."""
-        shards = self.world > 1 and ranks.shards_optimizer()  # else the full state, gathered to rank 0
-        state = (
-            None
-            if shards
-            else ranks.call("optimizer_state")
-            if self.world > 1
-            else optimizer_state(self.model, self.optimizer)
-        )
-        write = (lambda folder: ranks.call("save_optimizer", path=str(folder))) if shards else None
+        state, write = None, None
+        if self.world == 1:
+            state = optimizer_state(self.model, self.optimizer)
+        elif ranks.shards_optimizer():  # every rank writes its own shard into the checkpoint
+            write = lambda folder: ranks.call("save_optimizer", path=str(folder))  # noqa: E731
+        else:  # the full state, gathered to rank 0
+            state = ranks.call("optimizer_state")
         ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, state, step=step, version=self.version,
                                keep_every_steps=self.cfg.checkpoint_keep_every_steps, write_optimizer=write)  # fmt: skip
         if push and not self.engine.shares_weights and not isinstance(self.engine, HFEngine):

@@ -118,14 +118,15 @@ def torchrun_args(settings: Settings) -> list[str]:
     """torchrun's options for a trainer service on `ranks` ranks per machine over `nodes` machines:
     one machine is --standalone; several meet at node 0 (static rendezvous, so global rank 0, the
     service, is always node 0's first process)."""
+    host, _, port = settings.rendezvous.rpartition(":")
     where = (
         ["--standalone"]
         if settings.nodes == 1
         else [
             f"--nnodes={settings.nodes}",
             f"--node-rank={settings.node_rank}",
-            f"--master-addr={settings.rendezvous.rsplit(':', 1)[0]}",
-            f"--master-port={settings.rendezvous.rsplit(':', 1)[1]}",
+            f"--master-addr={host}",
+            f"--master-port={port}",
         ]
     )
     return ["-m", "torch.distributed.run", *where, f"--nproc-per-node={settings.ranks}", "--max-restarts=0"]

@@ -219,14 +219,16 @@ def causal_logits(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: int
 ) -> torch.Tensor:
     """Next-token logits [b, s, vocab] of a GPTModel over left-padded rows, as the HF model gives them:
-    positions count from each row's first real token, and a token sees only earlier real tokens."""
+    a token sees only earlier real tokens. No positions are passed: megatron's RoPE numbers the tokens
+    by their index, and RoPE's attention depends only on the distance between two tokens, so a left-
+    padded row's offset changes nothing (HF's positions counted from the first real token give the
+    same logits on every real token; tested)."""
     real = attention_mask.bool()
-    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
     s = input_ids.shape[1]
     future = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).triu(1)
     masked = future[None, None] | ~real[:, None, None, :]  # True = not attended
     masked = masked & ~torch.eye(s, dtype=torch.bool, device=input_ids.device)  # padding sees itself, not NaN
-    return model(input_ids, positions, attention_mask=masked)[..., :vocab]
+    return model(input_ids, None, attention_mask=masked)[..., :vocab]
 
 
 @contextlib.contextmanager
@@ -267,7 +269,8 @@ class MegatronCausalLM(torch.nn.Module):
         from types import SimpleNamespace
 
         with cpu_shim() if self.device.type == "cpu" else contextlib.nullcontext():
-            return SimpleNamespace(logits=causal_logits(self.gpt, input_ids, attention_mask, self.vocab))
+            logits = causal_logits(self.gpt, input_ids, attention_mask, self.vocab)  # position_ids: see there
+            return SimpleNamespace(logits=logits)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Finish the gradients, then clip them by the whole model's norm. Finishing is what

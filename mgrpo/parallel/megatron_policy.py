@@ -71,10 +71,7 @@ class MegatronPolicy:
         self.model = self._split(source)
         self.ref = self._split(ref_source).requires_grad_(False).eval() if with_ref else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
-        has_state = [optimizer_state is not None]
-        dist.broadcast_object_list(has_state, src=0)
-        if has_state[0]:
-            self._load_optimizer_state(optimizer_state)
+        self._load_optimizer_state(optimizer_state)
 
     def _split(self, source: PreTrainedModel | None) -> MegatronCausalLM:
         """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""
@@ -149,11 +146,14 @@ class MegatronPolicy:
         }
 
     def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
-        """Every rank: rank 0's full FQN-keyed state (None elsewhere) into this rank's shards."""
+        """Every rank: rank 0's full FQN-keyed state (None elsewhere; None on rank 0 too: a fresh start)
+        into this rank's shards."""
         box = [state]
         dist.broadcast_object_list(box, src=0)
-        full = box[0] or {}
-        if full and all(isinstance(k, int) for k in full.get("state", {})):
+        full = box[0]
+        if not full:
+            return
+        if all(isinstance(k, int) for k in full.get("state", {})):
             raise ValueError(
                 "an index-keyed optimizer state (an earlier version's checkpoint) cannot be resharded; resume it on one process"
             )

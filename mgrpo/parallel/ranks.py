@@ -53,21 +53,20 @@ def configure(backend: str) -> None:
     _backend = backend
 
 
+def policy_class(backend: str) -> type[ShardedPolicy] | type[MegatronPolicy]:
+    """The policy a backend holds on the ranks (megatron-core imported only when it is asked for)."""
+    if backend == "megatron":
+        from mgrpo.parallel.megatron_policy import MegatronPolicy
+
+        return MegatronPolicy
+    return ShardedPolicy
+
+
 def _open(config: dict[str, Any], lr: float, with_ref: bool = False, source: Any = None,
           optimizer_state: Any = None, ref_source: Any = None) -> None:  # fmt: skip
     global _policy
-    kwargs = {
-        "source": source,
-        "optimizer_state": optimizer_state,
-        "with_ref": with_ref,
-        "ref_source": ref_source,
-    }
-    if _backend == "megatron":
-        from mgrpo.parallel.megatron_policy import MegatronPolicy
-
-        _policy = MegatronPolicy(config, lr, **kwargs)
-    else:
-        _policy = ShardedPolicy(config, lr, **kwargs)
+    _policy = policy_class(_backend)(config, lr, source=source, optimizer_state=optimizer_state,
+                                     with_ref=with_ref, ref_source=ref_source)  # fmt: skip
 
 
 def _opened() -> ShardedPolicy | MegatronPolicy:

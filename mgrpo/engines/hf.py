@@ -1,10 +1,11 @@
-"""`hf` engine: in-process transformers generation with a KV cache, left padding and continuous
-batching of concurrent requests.
+"""`hf` engine: in-process transformers generation with a KV cache and continuous batching of
+concurrent requests.
 
 Callers on any thread `submit` prompts. One worker thread owns the running batch: between two decode
-steps it admits every request that has arrived (prefills them, left-pads them and the running rows to
-one cache length, joins the caches), samples one token for every row, and retires finished rows at
-once, resolving their futures — so a request never waits for a whole batch to finish, and a
+steps it admits every request that has arrived (its decoder prefills them into the running batch's
+cache: `mgrpo.engines.decoders`, a static preallocated cache for Llama-family models, else the HF
+forward with a dynamic one), samples one token for every row, and retires finished rows at once,
+resolving their futures — so a request never waits for a whole batch to finish, and a
 multi-turn episode's next turn joins the batch its previous turn left. Rows with different
 temperatures and top-p share a step. `forward_passes` counts model calls (prefills and decode
 steps), `prefills` the admissions; 64 concurrent episodes cost about as many passes as one.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import os
 import queue
 import threading
 import time
@@ -29,15 +31,13 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mgrpo.engines.base import Sample, SamplingParams
+from mgrpo.engines.decoders import Decoder, make_decoder
 
 
 @dataclass
@@ -52,16 +52,13 @@ class _Request:
 
 @dataclass
 class _Batch:
-    """The running rows of one weights version: row i's cache and `attn[i]` are left-padded to one
-    length; `last[i]` is its newest sampled token (fed at the next step) and `pos[i]` that token's
-    position."""
+    """The running rows of one weights version, in their decoder's row order; `last[i]` is row i's
+    newest sampled token (fed at the next step)."""
 
     model: PreTrainedModel
     version: int
     rows: list[_Request]
-    cache: DynamicCache
-    attn: torch.Tensor  # (B, L) 1 on real tokens
-    pos: torch.Tensor  # (B,)
+    decoder: Decoder
     last: torch.Tensor  # (B,)
 
 
@@ -76,6 +73,7 @@ class HFEngine:
         intraop_threads: int | None = 1,
         own_weights: bool = False,
         version: int = 0,
+        static_cache: bool | None = None,
     ) -> None:
         self.shares_weights = not own_weights  # sampling from the trainer's model object
         self.model = _copy(model) if own_weights else model.eval()  # the weights new rows start on
@@ -90,6 +88,12 @@ class HFEngine:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.eos_id = tokenizer.eos_token_id
         self.intraop_threads = intraop_threads
+        # StaticDecoder where the model allows it (`mgrpo.engines.decoders`); MGRPO_HF_STATIC_CACHE=0: never
+        self.static_cache = (
+            os.environ.get("MGRPO_HF_STATIC_CACHE", "1") != "0" if static_cache is None else static_cache
+        )
+        self._decoders: dict[int, Decoder] = {}  # by id(model): each model's decoder, reused when idle
+        self._empty = torch.zeros(0, dtype=torch.long, device=self.model.device)
         self.forward_passes = 0
         self.prefills = 0
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -248,46 +252,32 @@ class HFEngine:
                 new, closing = self._take(room)
         return closing
 
-    @torch.no_grad()
     def _step(self, batch: _Batch | None, new: list[_Request]) -> tuple[_Batch, torch.Tensor]:
         """One decode step of a batch's rows and a prefill of the new ones on the current weights:
         (joined batch, logits (B, V))."""
-        parts: list[tuple[_Batch, torch.Tensor]] = []
-        if batch is not None:
-            batch.attn = torch.cat([batch.attn, batch.attn.new_ones((len(batch.rows), 1))], dim=-1)
-            logits = self._forward(batch.model, batch.last.unsqueeze(-1), batch.attn, batch.pos.unsqueeze(-1),
-                                   batch.cache)  # fmt: skip
-            parts.append((batch, logits))
+        logits: list[torch.Tensor] = []
+        if batch is None:
+            batch = _Batch(self.model, self.weights_version, [], self._decoder(self.model), self._empty)
+        elif batch.rows:
+            self.forward_passes += 1
+            logits.append(batch.decoder.step(batch.last))
         if new:
-            parts.append(self._prefill(new))
-        if len(parts) == 1:
-            return parts[0]
-        (a, la), (b, lb) = parts
-        return _join(a, b), torch.cat([la, lb])
+            self.forward_passes += 1
+            self.prefills += 1
+            logits.append(batch.decoder.admit([r.prompt for r in new]))
+            batch.rows = batch.rows + new
+            batch.last = torch.cat([batch.last, batch.last.new_zeros(len(new))])  # filled by the sampler
+        return batch, logits[0] if len(logits) == 1 else torch.cat(logits)
 
-    def _prefill(self, reqs: list[_Request]) -> tuple[_Batch, torch.Tensor]:
-        self.prefills += 1
-        n, width = len(reqs), max(len(r.prompt) for r in reqs)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):  # left padding
-            ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
-            attn[i, width - len(r.prompt) :] = 1
-        dev = self.model.device
-        ids, attn = ids.to(dev), attn.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        cache = DynamicCache()
-        logits = self._forward(self.model, ids, attn, pos, cache)
-        return _Batch(
-            self.model, self.weights_version, list(reqs), cache, attn, pos[:, -1], ids[:, -1]
-        ), logits
-
-    def _forward(self, model: PreTrainedModel, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
-                 cache: DynamicCache) -> torch.Tensor:  # fmt: skip
-        self.forward_passes += 1
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
-                         logits_to_keep=1)  # fmt: skip
-        return out.logits[:, -1].float()  # (B, V)
+    def _decoder(self, model: PreTrainedModel) -> Decoder:
+        """A decoder for `model`: reused from the last batch of that model (its cache stays allocated)."""
+        idle = self._decoders.get(id(model))
+        if idle is not None and idle.model is model and len(idle) == 0:
+            return idle
+        live = {id(self.model), *(id(m) for m in self._spares)}
+        self._decoders = {k: d for k, d in self._decoders.items() if k in live}  # none for dropped models
+        self._decoders[id(model)] = decoder = make_decoder(model, self.pad_id, static=self.static_cache)
+        return decoder
 
     def _sample_and_retire(self, batch: _Batch, logits: torch.Tensor) -> _Batch:
         """Sample every row's next token; resolve and drop finished rows (the batch may end empty)."""
@@ -306,15 +296,16 @@ class HFEngine:
             else:
                 keep.append(i)
         if not keep:
+            batch.decoder.keep([])
             batch.rows = []
             return batch
-        batch.pos, batch.last = batch.pos + 1, next_ids
+        batch.last = next_ids
         if len(keep) < len(rows):
-            idx = torch.tensor(keep, device=batch.attn.device)
-            batch.cache.batch_select_indices(idx)
-            batch.rows, batch.attn = [rows[i] for i in keep], batch.attn[idx]
-            batch.pos, batch.last = batch.pos[idx], batch.last[idx]
-            _trim_left(batch)
+            batch.decoder.keep(keep)
+            batch.rows, batch.last = (
+                [rows[i] for i in keep],
+                next_ids[torch.tensor(keep, device=next_ids.device)],
+            )
         return batch
 
     def _finished(self, s: Sample, tok: int, params: SamplingParams, at_limit: bool) -> bool:
@@ -335,30 +326,6 @@ class HFEngine:
         return False
 
 
-def _join(a: _Batch, b: _Batch) -> _Batch:
-    """One batch of a's rows then b's, both left-padded to the longer cache."""
-    width = max(a.attn.shape[1], b.attn.shape[1])
-
-    def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:  # left-pad the sequence dim to `width`
-        missing = width - t.shape[-dim_from_end]
-        return t if missing == 0 else F.pad(t, (0, 0) * (dim_from_end - 1) + (missing, 0))
-
-    for la, lb in zip(_layers(a.cache), _layers(b.cache), strict=True):
-        la.keys = torch.cat([pad(_t(la.keys), 2), pad(_t(lb.keys), 2)])  # (B, H, L, D)
-        la.values = torch.cat([pad(_t(la.values), 2), pad(_t(lb.values), 2)])
-    return _Batch(a.model, a.version, a.rows + b.rows, a.cache, torch.cat([pad(a.attn, 1), pad(b.attn, 1)]),
-                  torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))  # fmt: skip
-
-
-def _trim_left(batch: _Batch) -> None:
-    """Drop leading columns that are padding in every row (left by retired long rows)."""
-    lead = int(batch.attn.any(0).int().argmax())
-    if lead > 0:
-        batch.attn = batch.attn[:, lead:]
-        for layer in _layers(batch.cache):
-            layer.keys, layer.values = _t(layer.keys)[:, :, lead:], _t(layer.values)[:, :, lead:]
-
-
 def _fail(rows: list[_Request], exc: Exception) -> None:
     for r in rows:
         if not r.future.done():
@@ -372,16 +339,6 @@ def _copy(model: PreTrainedModel) -> PreTrainedModel:
     for p in clone.parameters():
         p.grad = None
     return clone.eval().requires_grad_(False)
-
-
-def _layers(cache: DynamicCache) -> list[DynamicLayer]:
-    """The per-layer K/V of the engine's caches (`DynamicCache()` holds plain `DynamicLayer`s)."""
-    return [cast(DynamicLayer, layer) for layer in cache.layers]
-
-
-def _t(x: torch.Tensor | None) -> torch.Tensor:
-    assert x is not None, "a cache layer without tensors: every layer is filled by the prefill"
-    return x
 
 
 def _set_thread_intraop_threads(n: int) -> None:

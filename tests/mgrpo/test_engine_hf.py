@@ -9,9 +9,15 @@ from mgrpo.engines.hf import HFEngine
 from mgrpo.models import token_logprobs
 
 
+@pytest.fixture(params=[True, False], ids=["static", "dynamic"])
+def static_cache(request):
+    """Every engine test runs on both decoders (`mgrpo.engines.decoders`)."""
+    return request.param
+
+
 @pytest.fixture
-def engine(tiny_model, tokenizer):
-    eng = HFEngine(tiny_model, tokenizer, gather_ms=20)
+def engine(tiny_model, tokenizer, static_cache):
+    eng = HFEngine(tiny_model, tokenizer, gather_ms=20, static_cache=static_cache)
     yield eng
     eng.close()
 
@@ -121,11 +127,11 @@ def _teacher_forced(model, prompt, sample, temperature):
     return token_logprobs(model, ids, torch.ones_like(ids), temperature=t)[0, len(prompt) - 1 :]
 
 
-def test_requests_join_a_running_batch_with_exact_logprobs(tiny_model, small_task, tokenizer):
+def test_requests_join_a_running_batch_with_exact_logprobs(tiny_model, small_task, tokenizer, static_cache):
     """Continuous batching: requests that arrive mid-decode (prompts shorter and longer than the running
     cache, other temperatures) join between steps; every row's log-probs still equal a teacher-forced
     forward pass, and a short late request finishes before the long early one."""
-    eng = HFEngine(tiny_model, tokenizer, gather_ms=0)
+    eng = HFEngine(tiny_model, tokenizer, gather_ms=0, static_cache=static_cache)
     eng.eos_id = None  # every request runs to its max_new_tokens
     try:
         long_p, short_p, longer_p = prompts(small_task, tokenizer, 3)[0], [5, 6], list(range(5, 45))
@@ -150,8 +156,8 @@ def test_requests_join_a_running_batch_with_exact_logprobs(tiny_model, small_tas
         eng.close()
 
 
-def test_paused_lets_running_rows_finish_then_holds_new_ones(tiny_model, small_task, tokenizer):
-    eng = HFEngine(tiny_model, tokenizer, gather_ms=0)
+def test_paused_lets_running_rows_finish_then_holds_new_ones(tiny_model, small_task, tokenizer, static_cache):
+    eng = HFEngine(tiny_model, tokenizer, gather_ms=0, static_cache=static_cache)
     eng.eos_id = None
     try:
         (p,) = prompts(small_task, tokenizer, 1)
@@ -168,14 +174,14 @@ def test_paused_lets_running_rows_finish_then_holds_new_ones(tiny_model, small_t
         eng.close()
 
 
-def test_own_weights_swap_between_steps(tiny_model, small_task, tokenizer):
+def test_own_weights_swap_between_steps(tiny_model, small_task, tokenizer, static_cache):
     """A request running when new weights are pushed finishes on the old weights (its log-probs equal a
     teacher-forced pass of the old model); one submitted after the push samples from the new ones. The
     trainer's model changes in place meanwhile without pausing the engine."""
     import copy
 
     old, trainer = tiny_model, copy.deepcopy(tiny_model)
-    eng = HFEngine(trainer, tokenizer, gather_ms=0, own_weights=True, version=3)
+    eng = HFEngine(trainer, tokenizer, gather_ms=0, own_weights=True, version=3, static_cache=static_cache)
     eng.eos_id = None
     try:
         (p,) = prompts(small_task, tokenizer, 1)

@@ -15,6 +15,8 @@ weight decay, grad clip 1.0, one optimizer step per generation batch), the same 
 rewards, statistics to Redis, update, checkpoint, ledger every step); TRL runs in this process.
 Step time is measured per step and the first step (start-up, compilation of kernels) is dropped;
 the runs alternate ours/TRL `--repeats` times and the median step time of each side is reported.
+Ours runs once per `hf` engine decoder (`ours`: the static KV cache, `ours_dynamic`: the HF forward,
+`MGRPO_HF_STATIC_CACHE=0`; issue 18), so both ratios come from one run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -45,15 +48,17 @@ def job_for(args: argparse.Namespace) -> JobConfig:
         "prompts_per_step": args.prompts, "rollouts_per_query": args.group,
         "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
         "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1},
+        "max_staleness": args.max_staleness,
     })  # fmt: skip
 
 
-def run_ours(job: JobConfig, out: Path, cache_dir: Path, console: Console) -> dict[str, Any]:
+def run_ours(job: JobConfig, out: Path, cache_dir: Path, console: Console, *, static: bool) -> dict[str, Any]:
+    os.environ["MGRPO_HF_STATIC_CACHE"] = "1" if static else "0"  # read by every engine the job builds
     final = run_train(job, out, redis_url=None, cache_dir=cache_dir, console=console)
     if final["status"] != "succeeded":
         raise RuntimeError(f"our job {final['status']}: {final['reason']}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["timing/step"] for r in rows[1:]]
+    steps = [r["timing/period"] for r in rows[1:]]  # between finished steps (= the step when synchronous)
     tokens = [r["planner/tokens"] for r in rows[1:]]
     phases = {k: statistics.fmean(r[k] for r in rows[1:]) for k in rows[1] if k.startswith("timing/")}
     return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens), "phases_s": phases}
@@ -89,7 +94,7 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
     G = job.rollouts_per_query
     config = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=job.prompts_per_step * G, gradient_accumulation_steps=1,
-        num_generations=G, max_completion_length=job.planner.max_new_tokens_per_turn, max_steps=job.steps,
+        num_generations=G, max_completion_length=job.model_of("planner").max_new_tokens_per_turn, max_steps=job.steps,
         learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="grpo", num_iterations=1, temperature=1.0,
         top_p=1.0, top_k=0, generation_kwargs={"eos_token_id": stops}, use_cpu=True, report_to=[],
@@ -124,6 +129,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8, help="G: samples per prompt")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument(
+        "--max-staleness", type=int, default=0, help="ours: 1 rolls out step s+1 while step s trains"
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results/trl"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -134,23 +142,35 @@ def main() -> None:
         start = cached_warmstart(
             warmstart_config(job), cache, single_agent=True
         )  # 0 steps: the preset as built
-        results: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
+        results: dict[str, list[dict[str, Any]]] = {"ours": [], "ours_dynamic": [], "trl": []}
         for r in range(args.repeats):
-            results["ours"].append(run_ours(job, Path(tmp) / f"ours-{r}", cache, console))
+            results["ours"].append(run_ours(job, Path(tmp) / f"ours-{r}", cache, console, static=True))
+            results["ours_dynamic"].append(
+                run_ours(job, Path(tmp) / f"ours-dynamic-{r}", cache, console, static=False)
+            )
             results["trl"].append(run_trl(job, start.planner_path, cache, Path(tmp) / f"trl-{r}"))
-            console.print(f"repeat {r}: ours {statistics.median(results['ours'][-1]['step_s']):.2f} s/step, "
-                          f"TRL {statistics.median(results['trl'][-1]['step_s']):.2f} s/step")  # fmt: skip
+            console.print(
+                f"repeat {r}: "
+                + ", ".join(
+                    f"{k} {statistics.median(v[-1]['step_s']):.2f} s/step" for k, v in results.items()
+                )
+            )
     samples = args.prompts * args.group
     summary: dict[str, Any] = {"samples_per_step": samples, "steps": args.steps, "repeats": args.repeats,
-                               "preset": args.preset, "max_new_tokens": args.max_new_tokens}  # fmt: skip
-    for side in ("ours", "trl"):
+                               "preset": args.preset, "max_new_tokens": args.max_new_tokens,
+                               "max_staleness": args.max_staleness}  # fmt: skip
+    for side in results:
         step = statistics.median([s for run in results[side] for s in run["step_s"]])
         toks = statistics.fmean(run["generated_tokens_per_step"] for run in results[side])
         summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
                          "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
-    summary["ours"]["phases_s"] = results["ours"][-1]["phases_s"]
+    for side in ("ours", "ours_dynamic"):
+        summary[side]["phases_s"] = results[side][-1]["phases_s"]
     summary["trl"]["generate_s"] = statistics.fmean(run["generate_s"] for run in results["trl"])
     summary["samples_per_s_ratio"] = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+    summary["dynamic_samples_per_s_ratio"] = (
+        summary["ours_dynamic"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+    )
     summary["generated_tokens_per_s_ratio"] = (
         summary["ours"]["generated_tokens_per_s"] / summary["trl"]["generated_tokens_per_s"]
     )

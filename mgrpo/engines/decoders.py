@@ -33,6 +33,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 STATIC_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+PARK_BYTES = 256 * 2**20  # the K/V cache grows (doubling) up to this size to keep retired rows parked
 MIN_REUSE = 8  # the shortest cached prefix a new prompt reuses (and the key of the parked-slot index)
 
 
@@ -146,7 +147,9 @@ class StaticDecoder:
     """See the module docstring. Reads the model's parameters at every call, so an update made in
     place (a trainer's optimizer step, `load_state_dict`) is seen by the next step."""
 
-    def __init__(self, model: PreTrainedModel, *, slots: int = 8, length: int = 128) -> None:
+    def __init__(
+        self, model: PreTrainedModel, *, slots: int = 8, length: int = 128, park_bytes: int = PARK_BYTES
+    ) -> None:
         reason = static_unsupported(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}; use DynamicDecoder")
@@ -174,7 +177,7 @@ class StaticDecoder:
         self.rows: list[int] = []  # row -> slot
         self._free = list(range(slots))  # a heap of empty slots: the lowest is taken first
         self._parked: OrderedDict[int, None] = OrderedDict()  # retired rows' slots, oldest first
-        self._by_start: dict[tuple[int, ...], set[int]] = {}  # parked slots by their first tokens
+        self.park_bytes = park_bytes  # the cache may grow to this size to keep retired rows parked
         self.forks = 0  # rows admitted by copying another row's prefill
         self.reused_tokens = 0  # prompt tokens taken from a parked row's cache instead of a prefill
         self.prefilled_tokens = 0
@@ -193,7 +196,11 @@ class StaticDecoder:
         unique: dict[tuple[int, ...], int] = {}
         order = [unique.setdefault(tuple(p), len(unique)) for p in prompts]  # prompt -> its first row
         firsts = [list(p) for p in unique]
-        lead = [self._reuse(p) for p in firsts]  # (slot, cached prefix length) of each distinct prompt
+        by_start: dict[tuple[int, ...], list[int]] = {}  # slots holding a cache, by their first tokens
+        for slot in [*self.rows, *self._parked]:
+            if len(self.tokens[slot]) >= MIN_REUSE:
+                by_start.setdefault(tuple(self.tokens[slot][:MIN_REUSE]), []).append(slot)
+        lead = [self._reuse(p, by_start) for p in firsts]  # (slot, cached prefix length) per distinct prompt
         slots = []
         seen: set[int] = set()
         for u in order:
@@ -224,27 +231,36 @@ class StaticDecoder:
         if self.rows and 2 * len(self.rows) < self.hi:
             self._compact()
 
-    def _reuse(self, prompt: list[int]) -> tuple[int, int]:
-        """A slot for `prompt` and how many of its first tokens are already cached there: the parked
-        slot sharing the longest prefix (at least `MIN_REUSE` tokens, at most all but the last token,
-        whose logits are needed), else an empty one."""
-        best, best_n = -1, 0
-        for slot in self._by_start.get(tuple(prompt[:MIN_REUSE]), ()):
+    def _reuse(self, prompt: list[int], by_start: dict[tuple[int, ...], list[int]]) -> tuple[int, int]:
+        """A slot for `prompt` and how many of its first tokens are cached there already. The slot
+        (running or parked) sharing the longest prefix with it (at least `MIN_REUSE` tokens, at most all
+        but the last, whose logits are needed): a parked one is taken over, a running one's prefix is
+        copied into an empty slot. Else an empty slot."""
+        best, best_n = -1, MIN_REUSE - 1
+        for slot in by_start.get(tuple(prompt[:MIN_REUSE]), ()):
             n = _common_prefix(self.tokens[slot], prompt, len(prompt) - 1)
-            if n > best_n:
+            if n > best_n or (n == best_n and slot in self._parked):
                 best, best_n = slot, n
         if best < 0:
             return self._take(), 0
-        self._unpark(best)
-        del self.tokens[best][best_n:]
         self.reused_tokens += best_n
-        return best, best_n
+        if best in self._parked:
+            del self._parked[best]
+            del self.tokens[best][best_n:]
+            return best, best_n
+        slot = self._take()
+        self.k[:, slot, :, :best_n] = self.k[:, best, :, :best_n]
+        self.v[:, slot, :, :best_n] = self.v[:, best, :, :best_n]
+        self.tokens[slot] = self.tokens[best][:best_n]
+        return slot, best_n
 
     def _take(self) -> int:
-        """An empty slot: the lowest free one, else the oldest parked one, else a new one (doubling)."""
-        if not self._free and self._parked:
+        """An empty slot: the lowest free one; else a new one (doubling) while the cache would stay
+        within `park_bytes` or no slot is parked; else the oldest parked one."""
+        grow_ok = 2 * (self.k.nbytes + self.v.nbytes) <= self.park_bytes
+        if not self._free and self._parked and not grow_ok:
             slot = next(iter(self._parked))
-            self._unpark(slot)
+            del self._parked[slot]
             self.tokens[slot] = []
             return slot
         if not self._free:
@@ -257,20 +273,12 @@ class StaticDecoder:
             heapq.heappush(self._free, slot)
             return
         self._parked[slot] = None
-        self._by_start.setdefault(tuple(self.tokens[slot][:MIN_REUSE]), set()).add(slot)
-
-    def _unpark(self, slot: int) -> None:
-        del self._parked[slot]
-        key = tuple(self.tokens[slot][:MIN_REUSE])
-        self._by_start[key].discard(slot)
-        if not self._by_start[key]:
-            del self._by_start[key]
 
     def _compact(self) -> None:
         """Move every row into the lowest slots (their order kept), dropping parked caches there."""
         targets = range(len(self.rows))
         for slot in [s for s in self._parked if s in targets]:
-            self._unpark(slot)
+            del self._parked[slot]
             self.tokens[slot] = []
         where = {}
         for target, slot in zip(targets, sorted(self.rows), strict=True):

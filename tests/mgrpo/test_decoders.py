@@ -182,3 +182,37 @@ def test_a_next_turn_reuses_the_cache_of_the_row_it_extends(tiny_model):
     d.admit([r[:-1] for r in others])
     decode(d, others, 3)
     assert d.reused_tokens == cached + 12 and d.k.shape[1] == 4
+
+
+def test_a_prompt_sharing_a_running_rows_prefix_copies_it(tiny_model):
+    """A new prompt that starts like a running row (a question template) copies that row's cached
+    prefix into its own slot and prefills the rest; both rows then decode exactly."""
+    g = torch.Generator().manual_seed(8)
+    vocab = tiny_model.config.vocab_size
+    head = torch.randint(1, vocab, (14,), generator=g).tolist()
+    a, b = [*head, *torch.randint(1, vocab, (5,), generator=g).tolist()], [*head, 7, 8, 9]
+    d = StaticDecoder(tiny_model)
+    d.admit([a])
+    a.append(5)
+    d.step(torch.tensor([5]))
+    got_b = d.admit([b])
+    assert d.reused_tokens == len(head) and d.prefilled_tokens == len(a) - 1 + 3
+    assert torch.allclose(got_b[0], _teacher_forced_logits(tiny_model, b)[-1], atol=1e-4)
+    a.append(11)
+    b.append(6)
+    logits = d.step(torch.tensor([a[-1], b[-1]]))
+    for row, tokens in zip(logits, (a, b), strict=True):
+        assert torch.allclose(row, _teacher_forced_logits(tiny_model, tokens)[-1], atol=1e-4)
+
+
+def test_a_prompt_cached_whole_still_computes_its_last_token(tiny_model):
+    """The same prompt again after its row retired (the next rollouts of a group arriving later): all
+    but its last token come from the cache, and its logits are still computed."""
+    prompt = list(range(3, 23))
+    d = StaticDecoder(tiny_model)
+    first = d.admit([prompt])
+    d.step(torch.tensor([9]))
+    d.keep([])
+    again = d.admit([prompt])
+    assert d.reused_tokens == len(prompt) - 1
+    assert torch.allclose(again, first, atol=1e-5)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -27,8 +28,17 @@ import torch
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.decoders import make_decoder
 from mgrpo.engines.hf import HFEngine
-from mgrpo.models import build_model, n_params, train_tokenizer
+from mgrpo.evaluation import System, evaluate
+from mgrpo.models import build_model, load, n_params, train_tokenizer
 from mgrpo.tasks.deep_research import DeepResearchTask, make_questions
+from mgrpo.warmstart import (
+    EVAL_SEED,
+    WarmstartConfig,
+    cached_warmstart,
+    heldout_questions,
+    majority_baseline,
+    make_task,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.mfu import matmul_peak
@@ -41,6 +51,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--context", type=int, default=128, help="tokens in each row's cache at the decode step")
+    ap.add_argument("--episodes", type=int, default=64,
+                    help="held-out questions the warm-started planner + sub-agent answer on each decoder (0: skip; "
+                         "builds the default warm start into --cache-dir when it is not there)")  # fmt: skip
+    ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     args = ap.parse_args()
     torch.manual_seed(0)
     task = DeepResearchTask()
@@ -59,6 +73,7 @@ def main() -> None:
         for kind in ("static", "dynamic")
     }
     floors = decode_floors(model, args.concurrency, args.context)
+    multi_turn = episodes(args.episodes, args.cache_dir, args.repeats) if args.episodes else {}
     print(json.dumps({
         "preset": args.preset, "params": n_params(model), "concurrency": args.concurrency, "new_tokens": args.new_tokens,
         "static_engine_tok_s": round(tps["static"]), "dynamic_engine_tok_s": round(tps["dynamic"]),
@@ -70,7 +85,35 @@ def main() -> None:
         **{f"{k}_step_ms": round(v * 1e3, 3) for k, v in step.items()},
         **{f"{k}_step_vs_flop_floor": round(v / floors["flop_floor_s"], 1) for k, v in step.items()},
         **{f"{k}_step_vs_memory_floor": round(v / floors["memory_floor_s"], 1) for k, v in step.items()},
+        **multi_turn,
     }))  # fmt: skip
+
+
+def episodes(n: int, cache_dir: Path, repeats: int) -> dict[str, float]:
+    """The real multi-turn workload: the warm-started planner and sub-agent answer `n` held-out
+    questions (seeded, T = 1) on each decoder; best-of-`repeats` wall seconds, and the prompt tokens the
+    engines admitted and prefilled (the rest came from the cache)."""
+    cfg = WarmstartConfig()
+    task, warm = make_task(cfg), cached_warmstart(cfg, cache_dir)
+    planner, subagent = load(warm.planner_path), load(warm.subagent_path)
+    questions, majority = heldout_questions(task, cfg, 2, n), majority_baseline(task)
+    out: dict[str, float] = {"episodes": n}
+    for _ in range(repeats):
+        for kind in ("static", "dynamic"):
+            os.environ["MGRPO_HF_STATIC_CACHE"] = "1" if kind == "static" else "0"
+            system = System.build(task, planner, subagent, temperature=1.0, seed=EVAL_SEED)
+            t0 = time.perf_counter()
+            success = evaluate(system, questions, majority)["success"]
+            wall = time.perf_counter() - t0
+            engines = (system.planner_engine, system.subagent_engine)
+            system.close()
+            out[f"{kind}_episodes_s"] = min(out.get(f"{kind}_episodes_s", 1e9), round(wall, 2))
+            out[f"{kind}_episodes_success"] = success
+            out[f"{kind}_prompt_tokens"] = sum(e.prompt_tokens for e in engines)
+            out[f"{kind}_prefilled_tokens"] = sum(e.prefilled_tokens for e in engines)
+    os.environ.pop("MGRPO_HF_STATIC_CACHE")
+    out["static_vs_dynamic_episodes"] = round(out["dynamic_episodes_s"] / out["static_episodes_s"], 2)
+    return out
 
 
 def best_times(model: Any, tok: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:

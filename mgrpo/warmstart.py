@@ -212,7 +212,7 @@ def heldout_grid(
 ) -> dict[str, dict[str, float]]:
     """`run` on the same held-out questions for every system (`cfg.eval_questions` per stage unless
     `n_questions`); cells are named `heldout_stage<stage>_T<temperature>`."""
-    majority = _majority(task)
+    majority = majority_baseline(task)
     out: dict[str, dict[str, float]] = {}
     for stage in stages:
         qs = heldout_questions(task, cfg, stage, n_questions or cfg.eval_questions)
@@ -238,7 +238,7 @@ def evaluate_paired(
 ) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
     """Each named (planner, sub-agent) system on the same held-out questions with the same seeded
     draws: its metrics, and its success per question in one order (for `evaluation.paired_gain`)."""
-    qs, majority = heldout_questions(task, cfg, stage, n_questions), _majority(task)
+    qs, majority = heldout_questions(task, cfg, stage, n_questions), majority_baseline(task)
     metrics, outcomes = {}, {}
     for name, (planner, subagent) in systems.items():
         metrics[name], outcomes[name] = _evaluate_seeded(
@@ -292,7 +292,8 @@ def build_once(folder: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[d
     return metrics, False
 
 
-def _majority(task: DeepResearchTask) -> dict[str, str]:
+def majority_baseline(task: DeepResearchTask) -> dict[str, str]:
+    """The majority answer of each question kind over training questions (the baseline every evaluation reports)."""
     return majority_answers(
         make_questions(task.world, "train", 1, 600) + make_questions(task.world, "train", 2, 1000)
     )

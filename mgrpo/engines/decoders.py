@@ -39,6 +39,7 @@ MIN_REUSE = 8  # the shortest cached prefix a new prompt reuses (and the key of 
 
 class Decoder(Protocol):
     model: PreTrainedModel
+    prefilled_tokens: int  # prompt tokens run through the model (the rest came from a cache)
 
     def admit(self, prompts: list[list[int]]) -> torch.Tensor:
         """Prefill new rows (appended after the current ones): their next-token logits (n, V)."""
@@ -404,6 +405,7 @@ class DynamicDecoder:
 
     def __init__(self, model: PreTrainedModel, pad_id: int) -> None:
         self.model, self.pad_id = model, pad_id
+        self.prefilled_tokens = 0
         self.cache: DynamicCache | None = None
         self.attn = torch.zeros((0, 0), dtype=torch.long)  # (B, L) 1 on real tokens, left-padded
         self.pos = torch.zeros(0, dtype=torch.long)  # (B,) the position of each row's next token
@@ -414,6 +416,7 @@ class DynamicDecoder:
     @torch.no_grad()
     def admit(self, prompts: list[list[int]]) -> torch.Tensor:
         n, width = len(prompts), max(len(p) for p in prompts)
+        self.prefilled_tokens += sum(len(p) for p in prompts)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((n, width), dtype=torch.long)
         for i, p in enumerate(prompts):  # left padding

@@ -96,6 +96,8 @@ class HFEngine:
         self._empty = torch.zeros(0, dtype=torch.long, device=self.model.device)
         self.forward_passes = 0
         self.prefills = 0
+        self.prompt_tokens = 0  # admitted
+        self.prefilled_tokens = 0  # of those, run through the model (the others came from the cache)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()  # held while rows are running or the weights change
         self._pauses = 0  # trainers waiting in paused(): admit nothing new, drain, let them in
@@ -264,7 +266,10 @@ class HFEngine:
         if new:
             self.forward_passes += 1
             self.prefills += 1
+            before = batch.decoder.prefilled_tokens
             logits.append(batch.decoder.admit([r.prompt for r in new]))
+            self.prompt_tokens += sum(len(r.prompt) for r in new)
+            self.prefilled_tokens += batch.decoder.prefilled_tokens - before
             batch.rows = batch.rows + new
             batch.last = torch.cat([batch.last, batch.last.new_zeros(len(new))])  # filled by the sampler
         return batch, logits[0] if len(logits) == 1 else torch.cat(logits)

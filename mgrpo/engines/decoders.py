@@ -178,6 +178,7 @@ class StaticDecoder:
         self.rows: list[int] = []  # row -> slot
         self._free = list(range(slots))  # a heap of empty slots: the lowest is taken first
         self._parked: OrderedDict[int, None] = OrderedDict()  # retired rows' slots, oldest first
+        self._weights_seen: tuple[tuple[int, int], ...] = ()  # the parameters' ids and versions they hold
         self.park_bytes = park_bytes  # the cache may grow to this size to keep retired rows parked
         self.forks = 0  # rows admitted by copying another row's prefill
         self.reused_tokens = 0  # prompt tokens taken from a parked row's cache instead of a prefill
@@ -194,6 +195,7 @@ class StaticDecoder:
     # ---- rows ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def admit(self, prompts: list[list[int]]) -> torch.Tensor:
+        self._drop_parked_if_weights_changed()
         unique: dict[tuple[int, ...], int] = {}
         order = [unique.setdefault(tuple(p), len(unique)) for p in prompts]  # prompt -> its first row
         firsts = [list(p) for p in unique]
@@ -254,6 +256,17 @@ class StaticDecoder:
         self.v[:, slot, :, :best_n] = self.v[:, best, :, :best_n]
         self.tokens[slot] = self.tokens[best][:best_n]
         return slot, best_n
+
+    def _drop_parked_if_weights_changed(self) -> None:
+        """Parked caches hold K/V of the weights they were computed with: free them all once any
+        parameter changed (in place: its `_version` moved; or replaced: its id)."""
+        seen = tuple((id(p), p._version) for p in self.model.parameters())
+        if seen != self._weights_seen:
+            for slot in self._parked:
+                self.tokens[slot] = []
+                heapq.heappush(self._free, slot)
+            self._parked.clear()
+            self._weights_seen = seen
 
     def _take(self) -> int:
         """An empty slot: the lowest free one; else a new one (doubling) while the cache would stay

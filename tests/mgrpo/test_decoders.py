@@ -108,20 +108,24 @@ def test_static_and_dynamic_decoders_agree(tiny_model):
 
 
 def test_an_in_place_update_is_seen_by_the_next_step(tiny_model):
+    """Weights changed in place (an optimizer step, a checkpoint load) reach the next prefill and step,
+    and a parked cache computed with the old weights is not reused."""
     import copy
 
     model = copy.deepcopy(tiny_model)
     decoder = StaticDecoder(model)
-    decoder.admit([[5, 6, 7]])
+    prompt = list(range(5, 25))
+    decoder.admit([prompt])
     before = decoder.step(torch.tensor([8]))
+    decoder.keep([])  # parked with the old weights' K/V
     with torch.no_grad():
         for w in model.parameters():
             w.mul_(1.1)
-    decoder.keep([])
-    decoder.admit([[5, 6, 7]])
+    decoder.admit([prompt])
     after = decoder.step(torch.tensor([8]))
+    assert decoder.reused_tokens == 0
     assert not torch.allclose(before, after, atol=1e-3)
-    assert torch.allclose(after, _teacher_forced_logits(model, [5, 6, 7, 8])[-1:], atol=1e-4)
+    assert torch.allclose(after, _teacher_forced_logits(model, [*prompt, 8])[-1:], atol=1e-4)
 
 
 def test_llama_runs_static_and_other_models_fall_back():

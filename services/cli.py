@@ -403,7 +403,7 @@ def demo(
     warmstart_steps: Annotated[
         int | None,
         typer.Option(
-            min=1, max=100_000, help="marsrl: SFT steps of the warm start (default: the workflow's)."
+            min=1, max=100_000, help="SFT steps of the warm start (default: the workflow's)."
         ),
     ] = None,
 ) -> None:
@@ -435,6 +435,7 @@ def demo(
             ppo_epochs=ppo_epochs,
             eval_questions=eval_questions,
             console=console,
+            warmstart_steps=warmstart_steps,
         )
     except (RuntimeError, ValueError) as exc:
         raise fail(str(exc)) from None

@@ -83,10 +83,11 @@ def run_demo(
     ppo_epochs: int,
     eval_questions: int,
     console: Console,
+    warmstart_steps: int | None = None,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     optim = {"optim": {"lr": lr, "ppo_epochs": ppo_epochs}}
-    job = JobConfig(steps=steps, roles={"planner": optim, "subagent": optim})
+    job = JobConfig(steps=steps, warmstart_steps=warmstart_steps, roles={"planner": optim, "subagent": optim})
     warm = warmstart_with_progress(warmstart_config(job), cache_dir, console)
     cluster = LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())})
     console.print(

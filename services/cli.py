@@ -402,9 +402,7 @@ def demo(
     shared: SharedOpt = False,
     warmstart_steps: Annotated[
         int | None,
-        typer.Option(
-            min=1, max=100_000, help="SFT steps of the warm start (default: the workflow's)."
-        ),
+        typer.Option(min=1, max=100_000, help="SFT steps of the warm start (default: the workflow's)."),
     ] = None,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the services as separate

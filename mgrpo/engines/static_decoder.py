@@ -185,10 +185,7 @@ class StaticDecoder:
         for slot, u in zip(slots, order, strict=True):
             src = lead[u][0]
             if slot != src:  # a fork: copy the prefix's cache rows
-                n = len(self.tokens[src])
-                self.k[:, slot, :, :n] = self.k[:, src, :, :n]
-                self.v[:, slot, :, :n] = self.v[:, src, :, :n]
-                self.tokens[slot] = list(self.tokens[src])
+                self._copy_prefix(src, slot, len(self.tokens[src]))
                 self.forks += 1
         self.rows += slots
         return logits[order]
@@ -221,9 +218,7 @@ class StaticDecoder:
             del self.tokens[best][best_n:]
             return best, best_n
         slot = self._take()
-        self.k[:, slot, :, :best_n] = self.k[:, best, :, :best_n]
-        self.v[:, slot, :, :best_n] = self.v[:, best, :, :best_n]
-        self.tokens[slot] = self.tokens[best][:best_n]
+        self._copy_prefix(best, slot, best_n)
         return slot, best_n
 
     def _drop_parked_if_weights_changed(self) -> None:
@@ -266,15 +261,19 @@ class StaticDecoder:
         where = {}
         for target, slot in zip(targets, sorted(self.rows), strict=True):
             if slot != target:
-                n = len(self.tokens[slot])
-                self.k[:, target, :, :n] = self.k[:, slot, :, :n]
-                self.v[:, target, :, :n] = self.v[:, slot, :, :n]
-                self.tokens[target], self.tokens[slot] = self.tokens[slot], []
+                self._copy_prefix(slot, target, len(self.tokens[slot]))
+                self.tokens[slot] = []
             where[slot] = target
         self.rows = [where[s] for s in self.rows]
         busy = set(self.rows) | set(self._parked)
         self._free = [s for s in range(self.k.shape[1]) if s not in busy]
         heapq.heapify(self._free)
+
+    def _copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Slot `dst` holds the first `n` cached tokens of slot `src` (their K/V and ids)."""
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.tokens[dst] = self.tokens[src][:n]
 
     def _reserve_length(self, width: int) -> None:
         """Grow the cache (doubling) so every row can take `width` tokens, and one more each."""

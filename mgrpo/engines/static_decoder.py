@@ -14,7 +14,7 @@ only its new tokens; a prompt sharing a prefix with a running row (a question te
 prefix. Parked slots grow the cache up to `PARK_BYTES`, then the oldest is taken; all are dropped once
 any weight changed (their K/V belong to the old weights).
 
-**Forward.** q/k/v and gate/up fused into one matmul each (rebuilt when a weight changes in place),
+**Forward.** q/k/v and gate/up fused into one matmul each (fused again when any weight changed),
 one RoPE for q and k from the model's own rotary module (any scaling it implements), `F.rms_norm`,
 and attention as batched matmuls. Measured on 2 cores (`bench/engine_bench.py`): docs/results.md,
 "Decode path".
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,27 +60,15 @@ def _linear(x: torch.Tensor, layer: Any) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
-class _Fused:
-    """Concatenated weights of several linear layers (q, k, v; gate, up), rebuilt whenever one of them
-    changed in place (a tensor's `_version` counts its in-place writes: an optimizer step, a load)."""
-
-    def __init__(self, *layers: Any) -> None:
-        self.layers = layers
-        self.seen: tuple[tuple[int, int], ...] = ()
-        self.weight, self.bias = torch.empty(0), cast(torch.Tensor | None, None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        params = [t for layer in self.layers for t in (layer.weight, layer.bias) if t is not None]
-        seen = tuple((id(t), t._version) for t in params)
-        if seen != self.seen:
-            self.weight = torch.cat([layer.weight.detach() for layer in self.layers])
-            biases = [layer.bias for layer in self.layers]
-            self.bias = None if all(b is None for b in biases) else torch.cat([
-                b.detach() if b is not None else layer.weight.new_zeros(layer.weight.shape[0])
-                for b, layer in zip(biases, self.layers, strict=True)
-            ])  # fmt: skip
-            self.seen = seen
-        return F.linear(x, self.weight, self.bias)
+def _fuse(*layers: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of one linear layer doing the work of `layers` (q, k, v; gate, up)."""
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    if all(layer.bias is None for layer in layers):
+        return weight, None
+    return weight, torch.cat([
+        layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.weight.shape[0])
+        for layer in layers
+    ])  # fmt: skip
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -135,10 +123,8 @@ class StaticDecoder:
         self.head_dim = int(attn.head_dim)
         self.scaling = float(attn.scaling)
         self.has_qk_norm = hasattr(attn, "q_norm")
-        self._qkv = [
-            _Fused(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self._layers)
-        ]
-        self._gate_up = [_Fused(m.gate_proj, m.up_proj) for m in (layer.mlp for layer in self._layers)]
+        self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # fused per layer by _sync_weights
+        self._gate_up: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         w = self._embed.weight
         shape = (len(self._layers), slots, self.n_kv, length, self.head_dim)
         self.k = torch.zeros(shape, dtype=w.dtype, device=w.device)
@@ -147,7 +133,7 @@ class StaticDecoder:
         self.rows: list[int] = []  # row -> slot
         self._free = list(range(slots))  # a heap of empty slots: the lowest is taken first
         self._parked: OrderedDict[int, None] = OrderedDict()  # retired rows' slots, oldest first
-        self._weights_seen: tuple[tuple[int, int], ...] = ()  # the parameters' ids and versions they hold
+        self._weights_seen: tuple[tuple[int, int], ...] = ()  # the parameters' ids and versions fused
         self.park_bytes = park_bytes  # the cache may grow to this size to keep retired rows parked
         self.forks = 0  # rows admitted by copying another row's prefill
         self.reused_tokens = 0  # prompt tokens taken from a parked row's cache instead of a prefill
@@ -164,7 +150,7 @@ class StaticDecoder:
     # ---- rows ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def admit(self, prompts: list[list[int]]) -> torch.Tensor:
-        self._drop_parked_if_weights_changed()
+        self._sync_weights()
         unique: dict[tuple[int, ...], int] = {}
         order = [unique.setdefault(tuple(p), len(unique)) for p in prompts]  # prompt -> its first row
         firsts = [list(p) for p in unique]
@@ -221,16 +207,21 @@ class StaticDecoder:
         self._copy_prefix(best, slot, best_n)
         return slot, best_n
 
-    def _drop_parked_if_weights_changed(self) -> None:
-        """Parked caches hold K/V of the weights they were computed with: free them all once any
-        parameter changed (in place: its `_version` moved; or replaced: its id)."""
+    def _sync_weights(self) -> None:
+        """Called before every forward. Once any parameter changed (in place, e.g. an optimizer step or a
+        load: its `_version` moved; or replaced: its id), fuse the weights again and free every parked
+        cache (their K/V belong to the old weights)."""
         seen = tuple((id(p), p._version) for p in self.model.parameters())
-        if seen != self._weights_seen:
-            for slot in self._parked:
-                self.tokens[slot] = []
-                heapq.heappush(self._free, slot)
-            self._parked.clear()
-            self._weights_seen = seen
+        if seen == self._weights_seen:
+            return
+        attns, mlps = [layer.self_attn for layer in self._layers], [layer.mlp for layer in self._layers]
+        self._qkv = [_fuse(a.q_proj, a.k_proj, a.v_proj) for a in attns]
+        self._gate_up = [_fuse(m.gate_proj, m.up_proj) for m in mlps]
+        for slot in self._parked:
+            self.tokens[slot] = []
+            heapq.heappush(self._free, slot)
+        self._parked.clear()
+        self._weights_seen = seen
 
     def _take(self) -> int:
         """An empty slot: the lowest free one; else a new one (doubling) while the cache would stay
@@ -298,6 +289,7 @@ class StaticDecoder:
     # ---- forward ------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self._sync_weights()
         self._reserve_length(1)
         hi, dev = self.hi, self.k.device
         ids = torch.zeros((hi, 1), dtype=torch.long, device=dev)  # idle slots below hi compute on a pad
@@ -352,7 +344,7 @@ class StaticDecoder:
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
             h = _rms_norm(x, layer.input_layernorm)
-            q, k, v = self._qkv[i](h).split([q_dim, kv_dim, kv_dim], dim=-1)
+            q, k, v = F.linear(h, *self._qkv[i]).split([q_dim, kv_dim, kv_dim], dim=-1)
             q, k = q.view(n, t, -1, self.head_dim), k.view(n, t, -1, self.head_dim)
             if self.has_qk_norm:
                 q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
@@ -370,7 +362,7 @@ class StaticDecoder:
             out = _attention(q, keys, values, bias)
             x = x + _linear(out.transpose(1, 2).reshape(n, t, -1), attn.o_proj)
             h = _rms_norm(x, layer.post_attention_layernorm)
-            gate, up = self._gate_up[i](h).chunk(2, dim=-1)
+            gate, up = F.linear(h, *self._gate_up[i]).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.mlp.down_proj)
         return x
 

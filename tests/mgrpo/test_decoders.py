@@ -128,6 +128,24 @@ def test_an_in_place_update_is_seen_by_the_next_step(tiny_model):
     assert torch.allclose(after, _teacher_forced_logits(model, [*prompt, 8])[-1:], atol=1e-4)
 
 
+def test_an_update_between_two_steps_of_a_running_row_reaches_the_second(tiny_model):
+    """A row still decoding when the weights change: its next step computes the new token with the new
+    weights over the prefix's cached K/V, exactly as the HF-forward decoder does."""
+    import copy
+
+    model = copy.deepcopy(tiny_model)
+    static, dynamic = StaticDecoder(model), DynamicDecoder(model, 0)
+    prompts = [list(range(5, 25)), list(range(7, 19))]
+    for decoder in (static, dynamic):
+        decoder.admit(prompts)
+        decoder.step(torch.tensor([8, 9]))
+    with torch.no_grad():
+        for w in model.parameters():
+            w.mul_(1.1)
+    got, want = static.step(torch.tensor([10, 11])), dynamic.step(torch.tensor([10, 11]))
+    assert torch.allclose(got, want, atol=1e-4)
+
+
 def test_llama_runs_static_and_other_models_fall_back():
     """A Llama model (no q/k norms, untied head, no GQA) runs on the static path; GPT-2 falls back."""
     torch.manual_seed(0)

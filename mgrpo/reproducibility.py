@@ -12,6 +12,13 @@ set wins; `MGRPO_PIN_CPU_NUMERICS=0` turns the pinning off. Thread counts do not
 warm start on 1 and on 2 intra-op threads differed bit for bit (2026-12-02; on the AMD machine they had
 not); the `STRICT` mode makes its results independent of the thread count, measured identical there.
 
+Across vendors the pin does not hold: MKL honours `AVX2` on Intel processors only, and on others runs
+its `AUTO` branch (`MKL_VERBOSE=1` prints `CNR:AUTO,STRICT` on the AMD EPYC machines), so an Intel
+and an AMD machine build different warm starts (measured: the demo's warm start evaluates 0.203 on
+one, 0.165 on the other). MKL's only vendor-neutral branch, `COMPATIBLE` (SSE2), made the SFT step
+2.2x slower here (1.55 against 0.70 s, 2026-12-03), so it is not the default; `MKL_CBWR=COMPATIBLE,STRICT`
+set before a run selects it (a different cache key, not verified on an Intel machine).
+
 **Cache keys.** A cached warm start is reused only when everything that changes its result is the
 same: its config, the version of each generator it consumes (`RECIPE_VERSIONS`: bump one when its code
 changes what it produces; `tests/mgrpo/test_reproducibility.py` holds a fingerprint of the generated

@@ -202,14 +202,19 @@ def test_a_sub_agent_on_a_chat_model_and_a_judge_reward(cluster, store, warm, tm
         "optim": {"lr": 1e-3}, "tools": [{"name": "search"}, {"name": "open"}, {"name": "calculator"}]}}})  # fmt: skip
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
-    planner = job["latest_metrics"]["planner"]
-    assert planner["planner/reward_rejected"] == planner["planner/reward_errors"] == 0
-    n = 4 * SMALL["rollouts_per_query"]  # a judge's p(yes) is no multiple of 1/n, as 0/1 scores would be
-    assert 0 < planner["planner/success"] < 1 and abs(planner["planner/success"] * n % 1 - 0.5) < 0.5 - 1e-6
+    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
+    planner = [r["values"] for r in records if r["role"] == "planner" and "planner/success" in r["values"]]
+    assert len(planner) == SMALL["steps"]
+    assert all(v["planner/reward_rejected"] == v["planner/reward_errors"] == 0 for v in planner)
+    # a judge's p(yes) is no multiple of 1/n, as 0/1 scores would be. Some step has one: a step whose
+    # rollouts are all malformed (nothing judged, success 0; seen once after the lr-1e-3 update) has none.
+    n = 4 * SMALL["rollouts_per_query"]
+    assert any(
+        0 < v["planner/success"] < 1 and abs(v["planner/success"] * n % 1 - 0.5) < 0.5 - 1e-6 for v in planner
+    )
     for role, start in (("planner", warm.planner_path), ("subagent", path)):
         before, after = params_of(start), params_of(final_checkpoint(cluster, role, job_id))
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
-    records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     assert all(0 <= r["values"]["subagent/retokenize_drift"] <= 1 for r in records if r["role"] == "subagent")
     (stats,) = stream_messages(store, job_id, "planner_stats", PlannerStepStats)
     fmt = ChatFormat(

@@ -384,7 +384,7 @@ def _marsrl_warmstart(steps: int | None, seed: int, cache_dir: Path) -> None:
 
 # The demos' held-out evaluations. Deep research: 1,600 questions put the gain's paired standard error
 # near 0.011 (0.022 at 400, where one run's first 400 questions printed +0.045 and all 1,600 +0.086:
-# README, "Quick start"); it takes ~2 minutes on 2 cores. MarsRL: its 400 problems, as documented.
+# README, "Why 1,600 questions"); it takes ~2 minutes on 2 cores. MarsRL: its 400 problems, as documented.
 DEMO_EVAL_QUESTIONS = 1600
 MARSRL_EVAL_PROBLEMS = 400
 

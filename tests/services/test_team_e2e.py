@@ -99,7 +99,7 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
     chat = {"max_new_tokens_per_turn": 48, "max_context_tokens": 1024}
     config = {**JOB, "dataset": {"source": up.json()["dataset_id"], "eval_queries": 5},
               "reward": {"kind": "http", "url": reward.url},
-              "roles": {"planner": {"optim": {"lr": 1e-3}},
+              "roles": {"planner": {"optim": {"lr": 1e-4}},
                         "searcher": {"optim": {"lr": 1e-3},
                                      "tools": [{"name": "search", **http_tool}, {"name": "open", **http_tool}]},
                         "comparer": {"model": {"path": str(paths["comparer"]), **chat}, "optim": {"lr": 1e-3}}}}  # fmt: skip

@@ -11,8 +11,9 @@
    same bytes in the same group: seconds, GB/s, and sync / raw bandwidth (goal ≥ 0.8); and, for
    comparison, torch's `get_model_state_dict(full_state_dict=True)` + `load_state_dict`.
 3. **The megatron backend** on the same two ranks (megatron-core tensor parallel 2, on the CPU
-   through its shim): the same update, and its sync (`MegatronPolicy.sync_into`: a gather per tensor
-   to rank 0, converted to HF names) against the same raw broadcast.
+   through its shim): the same update, and its sync (`MegatronPolicy.sync_into`: the shards gathered
+   to rank 0 in buckets, converted to HF names and copied into its model) against the same raw
+   broadcast.
 
 Prints a table and writes the JSON. The W = 2 half runs as `torchrun --nproc-per-node 2` of this file.
 """

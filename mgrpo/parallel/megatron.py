@@ -108,47 +108,107 @@ def hf_to_megatron(
     return {name: t.clone() for name, t in out.items()}
 
 
-def megatron_to_hf(shards: list[dict[str, torch.Tensor]], cfg: Any) -> dict[str, torch.Tensor]:
-    """The HF Qwen3 state dict of a model held as `shards`, one per tensor-parallel rank in order."""
-    tp = len(shards)
-    check_split(cfg, tp)
+def hf_shapes(cfg: Any) -> dict[str, torch.Size]:
+    """The HF state dict's names and shapes of a config (worked out on the meta device)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return {name: t.shape for name, t in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
+
+
+def _put_rows(dst: torch.Tensor, t: torch.Tensor, rank: int) -> None:
+    """Rank `rank`'s row chunk `t` into `dst` (rows past `dst`'s end, the padded vocabulary's, dropped)."""
+    lo = rank * t.shape[0]
+    hi = min(lo + t.shape[0], dst.shape[0])
+    if hi > lo:
+        dst[lo:hi].copy_(t[: hi - lo])
+
+
+def _put_cols(dst: torch.Tensor, t: torch.Tensor, rank: int) -> None:
+    dst[:, rank * t.shape[1] : (rank + 1) * t.shape[1]].copy_(t)
+
+
+def _put_qkv(hf: dict[str, torch.Tensor], src: str, t: torch.Tensor, cfg: Any, tp: int, rank: int) -> None:
+    """A rank's fused QKV (its query groups, each [q heads; k; v]) into the HF q/k/v projections."""
     heads, groups, d = _attention_shape(cfg)
-    per_group = heads // groups
+    per_group, local = heads // groups, groups // tp
+    q, k, v = t.view(local, (per_group + 2) * d, -1).split([per_group * d, d, d], dim=1)
+    g = slice(rank * local, (rank + 1) * local)
+    hf[f"{src}.self_attn.q_proj.weight"].view(groups, per_group * d, -1)[g].copy_(q)
+    hf[f"{src}.self_attn.k_proj.weight"].view(groups, d, -1)[g].copy_(k)
+    hf[f"{src}.self_attn.v_proj.weight"].view(groups, d, -1)[g].copy_(v)
 
-    def rows(name: str) -> torch.Tensor:
-        return torch.cat([s[name] for s in shards], dim=0)
 
-    def cols(name: str) -> torch.Tensor:
-        return torch.cat([s[name] for s in shards], dim=1)
+# Row- and column-split tensors: megatron name (after the layer's prefix) → HF name.
+_ROWS = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "output_layer.weight": "lm_head.weight",
+}
+_COLS = {
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
 
-    vocab = cfg.vocab_size
-    out = {
-        "model.embed_tokens.weight": rows("embedding.word_embeddings.weight")[:vocab],
-        "model.norm.weight": shards[0]["decoder.final_layernorm.weight"],
+
+def copy_into_hf(
+    part: dict[str, torch.Tensor], cfg: Any, tp: int, rank: int, hf: dict[str, torch.Tensor]
+) -> None:
+    """Copy tensor-parallel rank `rank` of `tp`'s megatron-named tensors `part` (any of its names) into
+    their places in the full HF tensors `hf`, in place: every element once, no intermediate tensor
+    (the weight sync's path). The tensors every rank holds (the norms) are taken from rank 0's."""
+    for name, t in part.items():
+        layer, _, suffix = name.removeprefix(f"{PREFIX}.").partition(".")
+        if not name.startswith(f"{PREFIX}."):  # outside the layers: the whole name
+            layer, suffix = "", name
+        src = f"model.layers.{layer}"
+        if name in _ROWS:
+            _put_rows(hf[_ROWS[name]][: cfg.vocab_size], t, rank)
+        elif suffix == "self_attention.linear_qkv.weight":
+            _put_qkv(hf, src, t, cfg, tp, rank)
+        elif suffix in _COLS:
+            _put_cols(hf[f"{src}.{_COLS[suffix]}"], t, rank)
+        elif suffix == "mlp.linear_fc1.weight":
+            gate, up = t.chunk(2)
+            _put_rows(hf[f"{src}.mlp.gate_proj.weight"], gate, rank)
+            _put_rows(hf[f"{src}.mlp.up_proj.weight"], up, rank)
+        elif rank == 0:
+            hf[_REPLICATED[suffix].format(src=src)].copy_(t)
+
+
+# The tensors every tensor-parallel rank holds whole: megatron name (after the layer) → HF name.
+_REPLICATED = {
+    "decoder.final_layernorm.weight": "model.norm.weight",
+    "input_layernorm.weight": "{src}.input_layernorm.weight",
+    "self_attention.q_layernorm.weight": "{src}.self_attn.q_norm.weight",
+    "self_attention.k_layernorm.weight": "{src}.self_attn.k_norm.weight",
+    "pre_mlp_layernorm.weight": "{src}.post_attention_layernorm.weight",
+}
+
+
+def empty_hf(cfg: Any, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Uninitialised HF tensors of a config, with `like`'s dtype and device; a tied `lm_head.weight`
+    is left out (it is the embedding: `tie_hf`)."""
+    return {
+        name: torch.empty(shape, dtype=like.dtype, device=like.device)
+        for name, shape in hf_shapes(cfg).items()
+        if not (cfg.tie_word_embeddings and name == "lm_head.weight")
     }
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = rows("output_layer.weight")[:vocab]
-    for i in range(cfg.num_hidden_layers):
-        src, dst = f"{PREFIX}.{i}", f"model.layers.{i}"
-        qkv = rows(f"{src}.self_attention.linear_qkv.weight").view(groups, (per_group + 2) * d, -1)
-        q, k, v = qkv.split([per_group * d, d, d], dim=1)
-        fc1 = [s[f"{src}.mlp.linear_fc1.weight"].chunk(2) for s in shards]
-        out |= {
-            f"{dst}.input_layernorm.weight": shards[0][f"{src}.input_layernorm.weight"],
-            f"{dst}.self_attn.q_proj.weight": q.reshape(heads * d, -1),
-            f"{dst}.self_attn.k_proj.weight": k.reshape(groups * d, -1),
-            f"{dst}.self_attn.v_proj.weight": v.reshape(groups * d, -1),
-            f"{dst}.self_attn.q_norm.weight": shards[0][f"{src}.self_attention.q_layernorm.weight"],
-            f"{dst}.self_attn.k_norm.weight": shards[0][f"{src}.self_attention.k_layernorm.weight"],
-            f"{dst}.self_attn.o_proj.weight": cols(f"{src}.self_attention.linear_proj.weight"),
-            f"{dst}.post_attention_layernorm.weight": shards[0][f"{src}.pre_mlp_layernorm.weight"],
-            f"{dst}.mlp.gate_proj.weight": torch.cat([g for g, _ in fc1]),
-            f"{dst}.mlp.up_proj.weight": torch.cat([u for _, u in fc1]),
-            f"{dst}.mlp.down_proj.weight": cols(f"{src}.mlp.linear_fc2.weight"),
-        }
+
+
+def tie_hf(hf: dict[str, torch.Tensor], cfg: Any) -> dict[str, torch.Tensor]:
     if cfg.tie_word_embeddings:
-        out["lm_head.weight"] = out["model.embed_tokens.weight"]
-    return {name: t.contiguous().clone() for name, t in out.items()}
+        hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
+    return hf
+
+
+def megatron_to_hf(shards: list[dict[str, torch.Tensor]], cfg: Any) -> dict[str, torch.Tensor]:
+    """The HF Qwen3 state dict of a model held as `shards`, one per tensor-parallel rank in order, in
+    fresh memory."""
+    check_split(cfg, len(shards))
+    out = empty_hf(cfg, next(iter(shards[0].values())))
+    for rank, shard in enumerate(shards):
+        copy_into_hf(shard, cfg, len(shards), rank, out)
+    return tie_hf(out, cfg)
 
 
 def transformer_config(cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32) -> Any:

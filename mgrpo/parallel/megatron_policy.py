@@ -2,13 +2,15 @@
 (`MGRPO_BACKEND=megatron`), with the interface of the FSDP2 `ShardedPolicy`, so rank 0's service
 drives either the same way (`mgrpo.parallel.ranks`).
 
-Every rank builds its share of the model from the HF config (`mgrpo.parallel.megatron`) and takes
-rank 0's HF weights, broadcast tensor by tensor and sliced on each rank; every rank then runs the
-same `ppo_update` on every row of the step (tensor parallelism splits each layer, not the batch).
-Out of it come the HF names the rest of the system knows: `sync_into` gathers the shards into rank
-0's full HF model (the rollout engine's), and the optimizer state is converted the same way as the
-weights — per parameter `exp_avg` and `exp_avg_sq` — to the full, FQN-keyed form FSDP2 writes, so a
-checkpoint of either backend on any W resumes on the other.
+Every rank builds its share of the model from the HF config (`mgrpo.parallel.megatron`) and
+receives only its share of rank 0's HF weights, converted on rank 0 one rank at a time and sent in
+buckets (`mgrpo.parallel.transport`; a resumed optimizer state's moments the same way); every rank
+then runs the same `ppo_update` on every row of the step (tensor parallelism splits each layer, not
+the batch). Out of it come the HF names the rest of the system knows: `sync_into` gathers the shards
+in buckets and copies them, converted, into rank 0's full HF model (the rollout engine's), and the
+optimizer state is converted the same way as the weights — per parameter `exp_avg` and `exp_avg_sq`
+— to the full, FQN-keyed form FSDP2 writes, so a checkpoint of either backend on any W resumes on
+the other.
 
 On the CPU the model runs inside `cpu_shim` (gloo; see mgrpo.parallel.megatron); on GPUs as is."""
 
@@ -26,12 +28,15 @@ from mgrpo.agents.loop import Transcript
 from mgrpo.parallel.group import device
 from mgrpo.parallel.megatron import (
     MegatronCausalLM,
+    copy_into_hf,
     cpu_shim,
+    empty_hf,
     hf_to_megatron,
     load_into,
-    megatron_to_hf,
     tensor_parallel,
+    tie_hf,
 )
+from mgrpo.parallel.transport import Transport
 from mgrpo.training import UpdateSettings, ppo_update
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -41,33 +46,27 @@ def _on_device() -> contextlib.AbstractContextManager[None]:
     return cpu_shim() if device().type == "cpu" else contextlib.nullcontext()
 
 
-def _broadcast_hf(hf_config: Any, source: PreTrainedModel | None) -> dict[str, torch.Tensor]:
-    """Rank 0's HF state dict on every rank, one tensor at a time (the shapes come from the config)."""
+def _layout(hf_config: Any, world: int, rank: int) -> dict[str, torch.Size]:
+    """The names and shapes of rank `rank`'s megatron-core share (the same on every rank), worked out
+    on the meta device."""
     with torch.device("meta"):
-        shapes = AutoModelForCausalLM.from_config(hf_config).state_dict()
-    mine = source.state_dict() if source is not None else {}
-    out = {}
-    for name, meta in shapes.items():
-        t = (
-            mine[name].detach().to(device(), torch.float32).contiguous()
-            if source is not None
-            else torch.empty(meta.shape, device=device())
-        )
-        dist.broadcast(t, src=0)
-        out[name] = t.cpu()
-    return out
+        meta = AutoModelForCausalLM.from_config(hf_config).state_dict()
+        return {name: t.shape for name, t in hf_to_megatron(meta, hf_config, world, rank).items()}
 
 
 class MegatronPolicy:
     def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
                  optimizer_state: dict[str, Any] | None = None, *, with_ref: bool = False,
-                 ref_source: PreTrainedModel | None = None) -> None:  # fmt: skip
+                 ref_source: PreTrainedModel | None = None, bucket_mb: float = 256.0) -> None:  # fmt: skip
         """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
-        KL penalty); rank 0 passes `source` (its full HF model, not changed), a full FQN-keyed
-        `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
+        KL penalty), `bucket_mb` (the transport's, until `sync_into` sets its own); rank 0 passes
+        `source` (its full HF model, not changed), a full FQN-keyed `optimizer_state` to resume and
+        the reference's weights `ref_source` (None elsewhere)."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.hf_config = AutoConfig.for_model(**config)
         tensor_parallel(self.world)
+        self.transport = Transport(bucket_mb)
+        self.layout = _layout(self.hf_config, self.world, self.rank)
         self.model = self._split(source)
         self.ref = self._split(ref_source).requires_grad_(False).eval() if with_ref else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
@@ -77,11 +76,19 @@ class MegatronPolicy:
         """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""
         with _on_device():
             model = MegatronCausalLM(self.hf_config, self.world).to(device())
-            shard = hf_to_megatron(
-                _broadcast_hf(self.hf_config, source), self.hf_config, self.world, self.rank
-            )
-            load_into(model.gpt, shard)
+            full = source.state_dict() if source is not None else None
+            load_into(model.gpt, self._scattered(full))
         return model
+
+    def _scattered(self, full: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """Every rank: its megatron-core share of rank 0's HF-named `full` (None elsewhere), sent in
+        buckets; no rank but 0 ever holds more than its share."""
+
+        def shard_of(r: int) -> dict[str, torch.Tensor]:
+            return hf_to_megatron(full or {}, self.hf_config, self.world, r)
+
+        like = torch.empty(0, dtype=torch.float32, device=device())
+        return self.transport.scatter(shard_of if full is not None else None, self.layout, like)
 
     def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *,
                pad_id: int, seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
@@ -94,32 +101,33 @@ class MegatronPolicy:
                 model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale, ref_model=ref
             )
 
-    def _gathered(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """HF-named full tensors on rank 0 ({} elsewhere) from every rank's megatron-named shards:
-        one gather per tensor, in the same order on every rank (tensor-parallel shards are equal in size)."""
-        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.world)]
-        for name in sorted(local):
-            t = local[name].detach().contiguous()
-            parts = [torch.empty_like(t) for _ in range(self.world)] if self.rank == 0 else None
-            dist.gather(t, parts, dst=0)
-            for r, part in enumerate(parts or []):
-                shards[r][name] = part.cpu()
-        return megatron_to_hf(shards, self.hf_config) if self.rank == 0 else {}
+    def _gathered(
+        self, local: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Every rank: its megatron-named shards. Rank 0 gets them whole, HF-named: copied into `into`'s
+        tensors (fresh ones when None) as they arrive, in buckets; {} elsewhere."""
+        shards = {n: t.detach() for n, t in local.items()}
+        if self.rank > 0:
+            self.transport.gather(shards, lambda r, part: None)
+            return {}
+        out = into if into is not None else empty_hf(self.hf_config, next(iter(shards.values())))
+        self.transport.gather(shards, lambda r, part: copy_into_hf(part, self.hf_config, self.world, r, out))
+        return tie_hf(out, self.hf_config) if into is None else out
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """The HF state dict on rank 0, {} elsewhere: every rank must call it."""
-        return self._gathered(
-            {k: v for k, v in self.model.gpt.state_dict().items() if not k.endswith("_extra_state")}
-        )
+        return self._gathered(self._weights())
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.gpt.state_dict().items() if not k.endswith("_extra_state")}
 
     def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
-        """Every rank: the trained weights into rank 0's full HF `into` (None elsewhere); `bucket_mb`
-        is the FSDP2 policy's (the tensors go one by one here)."""
-        full = self.full_weights()
-        if into is not None:
-            with torch.no_grad():
-                for name, p in into.state_dict().items():
-                    p.copy_(full[name])
+        """Every rank: the trained weights into rank 0's full HF `into` (None elsewhere), gathered in
+        buckets of `bucket_mb` and copied into `into`'s parameters as they arrive."""
+        self.transport.bucket_mb = bucket_mb
+        with torch.no_grad():
+            dest = {n: p.data for n, p in into.named_parameters()} if into is not None else None
+            self._gathered(self._weights(), into=dest)
 
     def _named(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         return ((n.removeprefix("gpt."), p) for n, p in self.model.named_parameters())
@@ -147,24 +155,33 @@ class MegatronPolicy:
 
     def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
         """Every rank: rank 0's full FQN-keyed state (None elsewhere; None on rank 0 too: a fresh start)
-        into this rank's shards."""
-        box = [state]
+        into this rank's shards. The step and the group's settings are broadcast; the moments are
+        scattered like the weights, so no rank but 0 holds more than its share."""
+        header: dict[str, Any] | None = None
+        if state:
+            by_name = state.get("state", {})
+            if all(isinstance(k, int) for k in by_name):
+                header = {"index_keyed": True}
+            else:
+                group = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
+                header = {"step": next(iter(by_name.values()))["step"], "group": group}
+        box = [header]
         dist.broadcast_object_list(box, src=0)
-        full = box[0]
-        if not full:
+        header = box[0]
+        if not header:
             return
-        if all(isinstance(k, int) for k in full.get("state", {})):
+        if header.get("index_keyed"):
             raise ValueError(
                 "an index-keyed optimizer state (an earlier version's checkpoint) cannot be resharded; resume it on one process"
             )
-        by_name = full["state"]
-        hf = {m: {n: s[m] for n, s in by_name.items()} for m in MOMENTS}
-        shards = {m: hf_to_megatron(hf[m], self.hf_config, self.world, self.rank) for m in MOMENTS}
-        step = next(iter(by_name.values()))["step"]
+        moments = {
+            m: self._scattered({n: s[m] for n, s in state["state"].items()} if state else None)
+            for m in MOMENTS
+        }
         for n, p in self._named():
             self.optimizer.state[p] = {
-                "step": step.clone(),
-                **{m: shards[m][n].to(p.device).clone() for m in MOMENTS},
+                "step": header["step"].clone(),
+                **{m: moments[m][n].to(p.device) for m in MOMENTS},
             }
         for group in self.optimizer.param_groups:
-            group.update({k: v for k, v in full["param_groups"][0].items() if k != "params"})
+            group.update(header["group"])

@@ -2,8 +2,9 @@
 `MegatronPolicy` (a megatron-core GPTModel split over 2 tensor-parallel ranks, gloo, on the CPU
 through `cpu_shim`): its logits on a left-padded batch (→ `<out>/logits.pt`); the two updates of
 `updates.py` from scratch (HF weights and optimizer state after each → `<out>/tp2-1.pt`, `tp2-2.pt`,
-the sync into a zeroed HF model checked against them); and the second update resumed from the
-one-process state after the first (`<out>/w1-1.pt` → `<out>/w1to2-2.pt`)."""
+the sync into a zeroed HF model, in several buckets, checked against them); and the second update
+resumed from the one-process state after the first (`<out>/w1-1.pt` → `<out>/w1to2-2.pt`), its
+weights and moments scattered in several buckets."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
     if synced is not None:
         for p in synced.parameters():
             p.data.zero_()
-    policy.sync_into(synced)
+    policy.sync_into(synced, bucket_mb=0.05)  # several buckets
     if synced is not None:
         for name, tensor in synced.state_dict().items():
             assert torch.equal(tensor, weights[name]), (
@@ -72,7 +73,8 @@ def main(out: Path) -> None:
         hf.load_state_dict(start["weights"])
     policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None, with_ref=True,
                             ref_source=reference(1) if rank0 else None,
-                            optimizer_state=start["optimizer"] if start else None)  # fmt: skip
+                            optimizer_state=start["optimizer"] if start else None,
+                            bucket_mb=0.05)  # fmt: skip  # weights and moments scattered in several buckets
     run(policy, tok, 1, out / "w1to2-2.pt")
     dist.destroy_process_group()
 

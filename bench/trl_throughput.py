@@ -16,7 +16,8 @@ rewards, statistics to Redis, update, checkpoint, ledger every step); TRL runs i
 Step time is measured per step and the first step (start-up, compilation of kernels) is dropped;
 the runs alternate ours/TRL `--repeats` times and the median step time of each side is reported.
 Ours runs once per `hf` engine decoder (`ours`: the static KV cache, `ours_dynamic`: the HF forward,
-`MGRPO_HF_STATIC_CACHE=0`; issue 18), so both ratios come from one run.
+`MGRPO_HF_STATIC_CACHE=0`; issue 18), so both ratios come from one run; with `--microbatch-tokens N`
+a third time (`ours_microbatch`: the static decoder, the update in micro-batches of ≤ N padded tokens).
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ from mgrpo.warmstart import cached_warmstart
 from services.demo import run_train
 
 
-def job_for(args: argparse.Namespace) -> JobConfig:
+def job_for(args: argparse.Namespace, microbatch_tokens: int = 0) -> JobConfig:
     return JobConfig.model_validate({
         "mode": "single_agent", "warmstart_steps": 0, "steps": args.steps, "stage": 2,
         "prompts_per_step": args.prompts, "rollouts_per_query": args.group,
         "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
-        "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1},
+        "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1,
+                          "microbatch_tokens": microbatch_tokens},
         "max_staleness": args.max_staleness,
     })  # fmt: skip
 
@@ -132,6 +134,10 @@ def main() -> None:
     ap.add_argument(
         "--max-staleness", type=int, default=0, help="ours: 1 rolls out step s+1 while step s trains"
     )
+    ap.add_argument(
+        "--microbatch-tokens", type=int, default=0,
+        help="N > 0: also ours with the update in length-sorted micro-batches of at most N padded tokens",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("bench/results/trl"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -143,8 +149,15 @@ def main() -> None:
             warmstart_config(job), cache, single_agent=True
         )  # 0 steps: the preset as built
         results: dict[str, list[dict[str, Any]]] = {"ours": [], "ours_dynamic": [], "trl": []}
+        if args.microbatch_tokens:
+            results["ours_microbatch"] = []
         for r in range(args.repeats):
             results["ours"].append(run_ours(job, Path(tmp) / f"ours-{r}", cache, console, static=True))
+            if args.microbatch_tokens:
+                results["ours_microbatch"].append(
+                    run_ours(job_for(args, args.microbatch_tokens), Path(tmp) / f"ours-mb-{r}", cache, console,
+                             static=True)
+                )  # fmt: skip
             results["ours_dynamic"].append(
                 run_ours(job, Path(tmp) / f"ours-dynamic-{r}", cache, console, static=False)
             )
@@ -158,19 +171,25 @@ def main() -> None:
     samples = args.prompts * args.group
     summary: dict[str, Any] = {"samples_per_step": samples, "steps": args.steps, "repeats": args.repeats,
                                "preset": args.preset, "max_new_tokens": args.max_new_tokens,
-                               "max_staleness": args.max_staleness}  # fmt: skip
+                               "max_staleness": args.max_staleness,
+                               "microbatch_tokens": args.microbatch_tokens}  # fmt: skip
     for side in results:
         step = statistics.median([s for run in results[side] for s in run["step_s"]])
         toks = statistics.fmean(run["generated_tokens_per_step"] for run in results[side])
         summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
                          "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
-    for side in ("ours", "ours_dynamic"):
-        summary[side]["phases_s"] = results[side][-1]["phases_s"]
+    for side in results:
+        if side != "trl":
+            summary[side]["phases_s"] = results[side][-1]["phases_s"]
     summary["trl"]["generate_s"] = statistics.fmean(run["generate_s"] for run in results["trl"])
     summary["samples_per_s_ratio"] = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
     summary["dynamic_samples_per_s_ratio"] = (
         summary["ours_dynamic"]["samples_per_s"] / summary["trl"]["samples_per_s"]
     )
+    if args.microbatch_tokens:
+        summary["microbatch_samples_per_s_ratio"] = (
+            summary["ours_microbatch"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+        )
     summary["generated_tokens_per_s_ratio"] = (
         summary["ours"]["generated_tokens_per_s"] / summary["trl"]["generated_tokens_per_s"]
     )

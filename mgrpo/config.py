@@ -87,6 +87,12 @@ class OptimConfig(_Strict):
         le=100,
         description="C of the truncated importance weight min(exp(logp_prox − logp_old), C) on samples from an older policy version (max_staleness > 0).",
     )
+    microbatch_tokens: int = Field(
+        0,
+        ge=0,
+        le=16_777_216,
+        description="Padded tokens per forward/backward of the update: each minibatch is sorted by length and cut into micro-batches of at most this many (rows × longest row; a longer row alone), their gradients accumulated into the one-batch gradient, so short rows are not padded to the longest and a GPU holds one micro-batch's activations. 0 = the whole minibatch in one forward.",
+    )
     compile: bool = Field(
         False,
         description="torch.compile the model's forward for the update (fuses the norm, rotary and SwiGLU elementwise work; the first update compiles for about a minute on 2 CPU cores; rollouts stay eager).",

@@ -15,6 +15,12 @@ rows r, r + W, … of each. Its loss is its partial sum over the minibatch's *gl
 (sequences with a trained token, or trained tokens — `loss.agg_count`) times W, so the gradients
 FSDP averages over the ranks are exactly the W = 1 gradient. A rank left without a row (a minibatch
 smaller than W) runs a forward on a row with weight 0: the collectives need every rank.
+
+Micro-batches (`microbatch_tokens` > 0): a rank's rows of a minibatch are sorted by length and cut
+into micro-batches of at most that many padded tokens; each micro-batch's loss, over its own
+denominator, is scaled by its part of the minibatch's denominator before its backward, so the
+accumulated gradient — and the one optimizer step — are those of the whole minibatch, with less
+padding and one micro-batch's activations in memory at a time.
 """
 
 from __future__ import annotations
@@ -47,12 +53,14 @@ class UpdateSettings:
     kl_coef: float = 0.0
     compile: bool = False
     is_cap: float = 2.0
+    microbatch_tokens: int = 0
 
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
         """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
         return cls(optim.ppo_epochs, optim.minibatch_size, optim.clip_low, optim.clip_high, optim.loss_agg,
-                   optim.max_grad_norm, temperature, optim.kl_coef, optim.compile, optim.is_cap)  # fmt: skip
+                   optim.max_grad_norm, temperature, optim.kl_coef, optim.compile, optim.is_cap,
+                   optim.microbatch_tokens)  # fmt: skip
 
 
 def ppo_update(
@@ -136,6 +144,23 @@ def compiled_forward(model: PreTrainedModel) -> Callable[..., Any]:
     return fn
 
 
+def microbatches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """The row indices of a minibatch cut into micro-batches for the forward/backward: sorted by length
+    (stable) and filled while the micro-batch's padded size (rows × its longest row) stays within
+    `max_tokens`, so short rows are not padded to the longest of the whole minibatch. A row longer
+    than `max_tokens` gets a micro-batch of its own; `max_tokens` 0 keeps the minibatch whole."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if max_tokens <= 0:
+        return [list(range(len(lengths)))] if lengths else []
+    out: list[list[int]] = []
+    for i in order:  # ascending, so the new row is the micro-batch's longest
+        if out and (len(out[-1]) + 1) * lengths[i] <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
 def _minibatch(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -146,27 +171,86 @@ def _minibatch(
     prox: list[torch.Tensor | None] | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
+    """One optimizer step on a minibatch: this rank's rows (all of them at W = 1), in micro-batches
+    whose losses, each over its own denominator, are weighted by their part of the minibatch's
+    (`agg_count`), so the accumulated gradient is the one-batch gradient."""
     rank, world = shard
-    share = 1.0  # this rank's part of the minibatch's loss denominator
+    total = agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg)
+    share, idle = 1.0, False  # this rank's part of the minibatch's denominator; a rank without a row
     if world > 1:
-        total = agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg)
-        rows = list(range(rank, len(batch_samples), world))
-        share = (
-            agg_count([batch_samples[i][0].mask[1:] for i in rows], s.loss_agg) / max(total, 1)
-            if rows
-            else 0.0
+        idle = rank >= len(batch_samples)
+        rows = [0] if idle else list(range(rank, len(batch_samples), world))  # a row with weight 0
+        # when none is left: the collectives need every rank
+        batch_samples, prox = (
+            [batch_samples[i] for i in rows],
+            None if prox is None else [prox[i] for i in rows],
         )
-        rows = rows or [0]  # a row with weight 0 when none is left: the collectives need this rank
-        mine = [batch_samples[i] for i in rows]
-        batch_samples, prox = mine, None if prox is None else [prox[i] for i in rows]
-    batch = collate([t for t, _ in batch_samples], pad_id).to(model.device)
+        share = 0.0 if idle else agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg) / max(total, 1)
+    optimizer.zero_grad()
+    parts: list[tuple[dict[str, float], float, float]] = []  # per micro-batch: metrics, weight, tokens
+    for idx in microbatches([len(t) for t, _ in batch_samples], s.microbatch_tokens):
+        part = [batch_samples[i] for i in idx]
+        count = agg_count([t.mask[1:] for t, _ in part], s.loss_agg)
+        weight = 0.0 if idle else count / total if total else len(idx) / len(batch_samples)
+        loss, m = _loss(model, part, s, pad_id, ref_model, None if prox is None else [prox[i] for i in idx])
+        (loss * (weight * world)).backward()
+        parts.append((m, weight, 0.0 if idle else float(sum(sum(t.mask[1:]) for t, _ in part))))
+    metrics = _combine(parts, share)
+    clip = getattr(model, "clip_grad_norm_", None)  # a tensor-parallel model clips by its whole norm
+    grad_norm = (
+        clip(s.max_grad_norm) if clip else torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
+    )
+    optimizer.step()
+    metrics["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    return reduce_metrics(metrics, share) if world > 1 else metrics
+
+
+# Metrics that are means over trained tokens (the rest: `loss` and `pg_loss`, over the loss's denominator).
+TOKEN_MEANS = (
+    "clip_frac",
+    "approx_kl",
+    "ratio_mean",
+    "kl_ref",
+    "is_weight_mean",
+    "is_capped_frac",
+    "entropy",
+)
+
+
+def _combine(parts: list[tuple[dict[str, float], float, float]], share: float) -> dict[str, float]:
+    """This rank's minibatch metrics from its micro-batches' (metrics, weight in the minibatch's loss,
+    trained tokens): token means weighted by tokens, the loss by its weights, `ratio_max` the max."""
+    tokens = sum(t for _, _, t in parts)
+    if len(parts) == 1:
+        return {**parts[0][0], "tokens": tokens}
+    out = {"tokens": tokens}
+    for k in parts[0][0]:
+        if k == "ratio_max":
+            out[k] = max(m[k] for m, _, _ in parts)
+        elif k in TOKEN_MEANS:
+            out[k] = sum(m[k] * t for m, _, t in parts) / tokens if tokens else 0.0
+        else:
+            out[k] = sum(m[k] * w for m, w, _ in parts) / share if share else 0.0
+    return out
+
+
+def _loss(
+    model: PreTrainedModel,
+    part: list[tuple[Transcript, float]],
+    s: UpdateSettings,
+    pad_id: int,
+    ref_model: PreTrainedModel | None,
+    prox: list[torch.Tensor | None] | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's loss over its own denominator, and its metrics."""
+    batch = collate([t for t, _ in part], pad_id).to(model.device)
     logp_prox = None
     if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
         logp_prox = batch.logp_old.clone()
         for row, p in enumerate(prox):
             if p is not None:
                 logp_prox[row, : p.numel()] = p.to(logp_prox.device)
-    adv = torch.tensor([a for _, a in batch_samples], dtype=torch.float32, device=model.device)  # (B,)
+    adv = torch.tensor([a for _, a in part], dtype=torch.float32, device=model.device)  # (B,)
     ref_logp = None
     if ref_model is not None:
         with torch.no_grad():
@@ -180,17 +264,8 @@ def _minibatch(
     loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
                                 clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef,
                                 logp_prox=logp_prox, is_cap=s.is_cap)  # fmt: skip
-    optimizer.zero_grad()
-    (loss * (share * world) if world > 1 else loss).backward()
-    clip = getattr(model, "clip_grad_norm_", None)  # a tensor-parallel model clips by its whole norm
-    grad_norm = (
-        clip(s.max_grad_norm) if clip else torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
-    )
-    optimizer.step()
     metrics["loss"] = loss.item()
-    metrics["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    metrics["tokens"] = float(batch.loss_mask.sum()) if share > 0 else 0.0
-    return reduce_metrics(metrics, share) if world > 1 else metrics
+    return loss, metrics
 
 
 def reduce_metrics(metrics: dict[str, float], share: float) -> dict[str, float]:

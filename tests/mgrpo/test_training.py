@@ -5,7 +5,7 @@ from mgrpo.batching import collate
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import build_model, token_logprobs
-from mgrpo.training import UpdateSettings, ppo_update
+from mgrpo.training import UpdateSettings, microbatches, ppo_update
 
 
 def sampled_transcripts(model, tokenizer, prompts):
@@ -146,3 +146,48 @@ def test_stale_samples_are_reweighted_against_the_current_policy(tokenizer, smal
     m0, p0 = run(None)
     _, p1 = run([False] * 4)
     assert "is_weight_mean" not in m0 and torch.equal(p0, p1)
+
+
+def test_microbatches_sort_by_length_and_keep_within_the_budget():
+    lengths = [30, 10, 50, 20, 10, 40]
+    assert microbatches(lengths, 0) == [[0, 1, 2, 3, 4, 5]]  # off: the minibatch as it came
+    got = microbatches(lengths, 60)
+    assert sorted(i for mb in got for i in mb) == list(range(6))  # every row exactly once
+    assert got == [[1, 4, 3], [0], [5], [2]]  # 3 × 20, then 30, 40, 50 alone (2 × 30 > 60 …)
+    for mb in got:
+        assert len(mb) * max(lengths[i] for i in mb) <= 60 or len(mb) == 1
+    assert microbatches([100, 5], 50) == [[1], [0]]  # a row over the budget gets its own
+    assert microbatches([], 64) == []
+
+
+def test_a_micro_batched_update_equals_the_one_batch_update(tokenizer, small_task):
+    """Rows of different lengths, two minibatches (the second off-policy, so the clip acts), a stale
+    sample, both loss aggregations: micro-batches of at most 40 padded tokens give the same loss,
+    metrics and (SGD) weights as each minibatch in one forward."""
+    prompts = [
+        tokenizer.encode(d.text, add_special_tokens=False)[: 3 + 2 * i]
+        for i, d in enumerate(small_task.world.docs[:8])
+    ]
+    base = build_model("tiny", tokenizer, seed=7)
+    trs = [  # row i keeps 12 - i of its sampled tokens: both lengths and trained tokens differ
+        Transcript(t.token_ids[: len(t) - i], t.logp[: len(t) - i], t.mask[: len(t) - i], t.prompt_len)
+        for i, t in enumerate(sampled_transcripts(base, tokenizer, prompts))
+    ]
+    assert len({sum(t.mask) for t in trs}) == 8, "the test needs rows with different trained tokens"
+    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.25, 0.0], strict=True))
+    stale = [False, True] + [False] * 6
+    for agg in ("seq-mean-token-mean", "token-mean"):
+        models = [build_model("tiny", tokenizer, seed=7) for _ in range(2)]
+        metrics = []
+        for model, tokens in zip(models, (0, 40), strict=True):
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            settings = UpdateSettings(minibatch_size=4, ppo_epochs=2, loss_agg=agg, microbatch_tokens=tokens)
+            metrics.append(
+                ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id, stale=stale)
+            )
+        assert metrics[0]["clip_frac"] > 0, metrics[0]  # the clip acted in the off-policy minibatches
+        assert metrics[0].keys() == metrics[1].keys()
+        for k, v in metrics[0].items():
+            assert abs(v - metrics[1][k]) < 1e-5 * max(1.0, abs(v)), (agg, k, v, metrics[1][k])
+        for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+            assert torch.allclose(a, b, atol=1e-6), (agg, (a - b).abs().max())

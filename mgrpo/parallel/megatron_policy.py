@@ -105,12 +105,13 @@ class MegatronPolicy:
         self, local: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
         """Every rank: its megatron-named shards. Rank 0 gets them whole, HF-named: copied into `into`'s
-        tensors (fresh ones when None) as they arrive, in buckets; {} elsewhere."""
+        tensors (fresh CPU ones when None) as they arrive, in buckets; {} elsewhere."""
         shards = {n: t.detach() for n, t in local.items()}
         if self.rank > 0:
             self.transport.gather(shards, lambda r, part: None)
             return {}
-        out = into if into is not None else empty_hf(self.hf_config, next(iter(shards.values())))
+        like = torch.empty(0, dtype=next(iter(shards.values())).dtype)
+        out = into if into is not None else empty_hf(self.hf_config, like)
         self.transport.gather(shards, lambda r, part: copy_into_hf(part, self.hf_config, self.world, r, out))
         return tie_hf(out, self.hf_config) if into is None else out
 
@@ -126,7 +127,9 @@ class MegatronPolicy:
         buckets of `bucket_mb` and copied into `into`'s parameters as they arrive."""
         self.transport.bucket_mb = bucket_mb
         with torch.no_grad():
-            dest = {n: p.data for n, p in into.named_parameters()} if into is not None else None
+            # the parameters themselves, not .data: a copy into them must move their version, which
+            # the rollout engine's decoder watches
+            dest: dict[str, torch.Tensor] | None = dict(into.named_parameters()) if into is not None else None
             self._gathered(self._weights(), into=dest)
 
     def _named(self) -> Iterator[tuple[str, torch.nn.Parameter]]:

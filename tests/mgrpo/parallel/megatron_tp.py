@@ -41,8 +41,11 @@ def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
     if synced is not None:
         for p in synced.parameters():
             p.data.zero_()
+    versions = {n: q._version for n, q in synced.named_parameters()} if synced is not None else {}
     policy.sync_into(synced, bucket_mb=0.05)  # several buckets
     if synced is not None:
+        for name, q in synced.named_parameters():  # what tells the rollout engine's decoder to re-read it
+            assert q._version > versions[name], f"sync_into left {name}'s version unchanged"
         for name, tensor in synced.state_dict().items():
             assert torch.equal(tensor, weights[name]), (
                 f"sync_into differs from the gathered weights at {name}"

@@ -149,11 +149,10 @@ def microbatches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     (stable) and filled while the micro-batch's padded size (rows × its longest row) stays within
     `max_tokens`, so short rows are not padded to the longest of the whole minibatch. A row longer
     than `max_tokens` gets a micro-batch of its own; `max_tokens` 0 keeps the minibatch whole."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     if max_tokens <= 0:
         return [list(range(len(lengths)))] if lengths else []
     out: list[list[int]] = []
-    for i in order:  # ascending, so the new row is the micro-batch's longest
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):  # ascending: the new row is the longest
         if out and (len(out[-1]) + 1) * lengths[i] <= max_tokens:
             out[-1].append(i)
         else:

@@ -5,15 +5,15 @@
    role (three models), or the solver's alone holding one model for every role (`--shared`);
 3. one `marsrl` job over REST, followed live (each role's mean reward, the solver's accuracy, step time);
 4. the warm start and the final checkpoints evaluated side by side with the inference-time V–C loop on
-   the same seeded held-out problems: solver-alone and V–C-system accuracy with standard errors,
-   verifier precision / recall, next to the majority-answer baseline; `metrics.jsonl`, `rewards.png`,
-   `eval.json` in the run folder.
+   the same seeded held-out problems: solver-alone and V–C-system accuracy with standard errors and
+   each gain with its paired standard error (the same problems and draws on both sides, as the deep-
+   research demo), verifier precision / recall, next to the majority-answer baseline;
+   `metrics.jsonl`, `rewards.png`, `eval.json` in the run folder.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,11 @@ from rich.console import Console
 from rich.table import Table
 
 from mgrpo.config import JobConfig
+from mgrpo.evaluation import PairedGain, paired_gain
 from mgrpo.models import load
 from mgrpo.runtime import marsrl_warmstart_config
 from mgrpo.tasks.arithmetic import make_problems
+from mgrpo.workflows.marsrl import ACCURACIES
 from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstartConfig, evaluate_system
 from services.demo import marsrl_warmstart_with_progress, plot_run, run_job
 from services.launcher import LocalCluster
@@ -70,33 +72,42 @@ def run_marsrl_demo(out: Path, *, steps: int, redis_url: str | None, cache_dir: 
     job_id = final["job_id"]
     console.print(f"[dim]evaluating the warm start and the trained models with the V–C loop on the same {eval_problems} held-out problems …[/]")  # fmt: skip
     problems = make_problems("heldout", eval_problems, seed=1000 + ws.seed, n_ops=ws.n_ops)
+    outcomes: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     if shared:
-        before = evaluate_system(problems, dict.fromkeys(ROLES, load(warm.path("shared"))))
-        after = evaluate_system(problems, dict.fromkeys(ROLES, load(latest["solver"])))
+        before = evaluate_system(
+            problems, dict.fromkeys(ROLES, load(warm.path("shared"))), outcomes=outcomes["before"]
+        )
+        after = evaluate_system(
+            problems, dict.fromkeys(ROLES, load(latest["solver"])), outcomes=outcomes["after"]
+        )
     else:
-        before = evaluate_system(problems, {r: load(warm.path(r)) for r in ROLES})
-        after = evaluate_system(problems, {r: load(latest[r]) for r in ROLES})
+        before = evaluate_system(
+            problems, {r: load(warm.path(r)) for r in ROLES}, outcomes=outcomes["before"]
+        )
+        after = evaluate_system(problems, {r: load(latest[r]) for r in ROLES}, outcomes=outcomes["after"])
     majority = majority_baseline(ws, eval_problems)
+    gains = {name: paired_gain(outcomes["before"][name], outcomes["after"][name]) for name in ACCURACIES}
     result = {"job_id": job_id, "problems": eval_problems, "shared": shared, "before": before, "after": after,
-              "majority_baseline": majority, "checkpoints": latest}  # fmt: skip
+              "gains": {name: {"gain": g.gain, "paired_se": g.se, "unpaired_se": g.se_unpaired}
+                        for name, g in gains.items()},
+              "outcomes": outcomes, "majority_baseline": majority, "checkpoints": latest}  # fmt: skip
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     _plot(rows, before, after, majority, eval_problems, out / "rewards.png")
-    summary(before, after, majority, eval_problems, console)
+    summary(before, after, gains, majority, eval_problems, console)
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints in {out}/checkpoints"
     )
     return result
 
 
-def summary(
-    before: dict[str, float], after: dict[str, float], majority: float, n: int, console: Console
-) -> None:
+def summary(before: dict[str, float], after: dict[str, float], gains: dict[str, PairedGain], majority: float,
+            n: int, console: Console) -> None:  # fmt: skip
     table = Table(
         "metric", "warm start", "after MarsRL", title=f"held-out problems (n = {n}), T = 1, seeded, V–C loop"
     )
     for name in ROWS:
         b, a = before[name], after[name]
-        if name in ("solver_accuracy", "system_accuracy"):
+        if name in ACCURACIES:
             table.add_row(
                 name, f"{b:.3f} ± {before[name + '_se']:.3f}", f"{a:.3f} ± {after[name + '_se']:.3f}"
             )
@@ -104,10 +115,11 @@ def summary(
             table.add_row(name, f"{b:.3f}", f"{a:.3f}")
     table.add_row("majority-answer baseline", f"{majority:.3f}", f"{majority:.3f}")
     console.print(table)
-    for name in ("solver_accuracy", "system_accuracy"):
-        gain, se = after[name] - before[name], math.hypot(before[name + "_se"], after[name + "_se"])
+    for name, g in gains.items():
+        unpaired = g.gain / g.se_unpaired if g.se_unpaired else 0.0
         console.print(
-            f"{name} {before[name]:.3f} → {after[name]:.3f}: {gain:+.3f} ± {se:.3f} ({gain / se if se else 0:+.1f} standard errors)"
+            f"{name} {g.before:.3f} → {g.after:.3f}: {g.gain:+.3f} ± {g.se:.3f} ({g.z:+.1f} standard errors, "
+            f"paired: same problems, same seeded draws; {unpaired:+.1f} if the two were independent)"
         )
 
 

@@ -239,13 +239,27 @@ def vc_metrics(results: Sequence[VCResult]) -> dict[str, float]:
     }
 
 
-def evaluate(problems: Sequence[Problem], run: Run, *, concurrency: int = 64) -> dict[str, float]:
-    """`vc_metrics` over held-out problems, with standard errors of the two accuracies."""
+ACCURACIES = ("solver_accuracy", "system_accuracy")
+
+
+def evaluate(
+    problems: Sequence[Problem],
+    run: Run,
+    *,
+    concurrency: int = 64,
+    outcomes: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
+    """`vc_metrics` over held-out problems, with standard errors of the two accuracies; each problem's
+    solver-alone and V–C-system outcome (1 or 0, in `problems`' order) into `outcomes` when given,
+    for paired comparisons of two evaluations."""
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(problems)))) as pool:
         results = list(pool.map(lambda p: vc_loop(p, run), problems))
+    if outcomes is not None:
+        outcomes["solver_accuracy"] = [float(r.solver_correct) for r in results]
+        outcomes["system_accuracy"] = [float(r.system_correct) for r in results]
     m = vc_metrics(results)
     n = max(len(results), 1)
-    for name in ("solver_accuracy", "system_accuracy"):
+    for name in ACCURACIES:
         m[f"{name}_se"] = math.sqrt(m[name] * (1 - m[name]) / n)
     return m
 

@@ -147,14 +147,14 @@ def evaluate_models(
 
 
 def evaluate_system(problems: list[Problem], models: dict[str, tuple[PreTrainedModel, PreTrainedTokenizerFast]],
-                    temperature: float = 1.0) -> dict[str, float]:  # fmt: skip
+                    temperature: float = 1.0, outcomes: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
     engines: dict[int, HFEngine] = {}
     agents = {}
     for role, (model, tok) in models.items():
         engine = engines.setdefault(id(model), HFEngine(model, tok))
         agents[role] = TurnAgent(engine, tok, temperature=temperature)
     try:
-        return evaluate(problems, LocalRun(agents, seed=EVAL_SEED))
+        return evaluate(problems, LocalRun(agents, seed=EVAL_SEED), outcomes=outcomes)
     finally:
         for e in engines.values():
             e.close()

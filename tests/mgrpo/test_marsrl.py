@@ -15,7 +15,7 @@ from mgrpo.tasks.arithmetic import (
     solution_turn,
     verification_turn,
 )
-from mgrpo.workflows.marsrl import MarsSettings, Output, outcome, rollout_problem, vc_loop
+from mgrpo.workflows.marsrl import MarsSettings, Output, evaluate, outcome, rollout_problem, vc_loop
 
 P = make_problems("train", 1, seed=3)[0]
 RIGHT = solution_turn(P.steps())
@@ -155,3 +155,23 @@ def test_the_corrector_takes_only_reports_that_say_wrong():
     assert len(corrections) == 8 and all(
         c.parent.verdict is False and c.parent.reward == 0.0 for c in corrections
     )
+
+
+def test_evaluation_records_each_problems_outcomes_in_order_for_paired_gains():
+    """`evaluate(..., outcomes=)`: the solver-alone and V–C-system outcome of every problem, in the
+    problems' order (the demo pairs two evaluations by it), agreeing with the accuracies."""
+    problems = make_problems("heldout", 6, seed=5)
+    right = {p.text: i % 3 != 1 for i, p in enumerate(problems)}  # problems 1 and 4 answered wrong
+
+    def run(role, prompt, n, group):
+        if role != "solver":
+            return [Output(SAYS_OK, None)] * n  # nothing flagged: the system keeps the solver's answer
+        p = next(p for p in problems if p.text in prompt)
+        turn = solution_turn(p.steps() if right[p.text] else corrupt(p, random.Random(0)))
+        return [Output(turn, None)] * n
+
+    outcomes: dict[str, list[float]] = {}
+    m = evaluate(problems, run, concurrency=3, outcomes=outcomes)
+    assert outcomes["solver_accuracy"] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert outcomes["system_accuracy"] == outcomes["solver_accuracy"]
+    assert m["solver_accuracy"] == m["system_accuracy"] == 4 / 6

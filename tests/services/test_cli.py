@@ -73,7 +73,8 @@ def test_demo_end_to_end_with_embedded_redis(tmp_path):
 @pytest.mark.timeout(1200)
 def test_marsrl_demo_end_to_end(tmp_path):
     """`mgrpo demo --workflow marsrl`, one step, on the short warm start the MarsRL e2e tests share:
-    the three role services, a marsrl job over REST, the V–C evaluation before/after, files."""
+    the three role services, a marsrl job over REST, the V–C evaluation before/after with paired
+    gains (per-problem outcomes in eval.json), files."""
     cache = ROOT / ".cache" / "mgrpo"
     proc = mgrpo("demo", "--workflow", "marsrl", "--steps", "1", "--eval-questions", "20", "--warmstart-steps", "150",
                  "--run-dir", "out", "--cache-dir", str(cache), cwd=tmp_path, drop=("REDIS_URL",))  # fmt: skip
@@ -90,6 +91,16 @@ def test_marsrl_demo_end_to_end(tmp_path):
         set(result["checkpoints"]) == {"solver", "verifier", "corrector"}
         and 0 <= result["majority_baseline"] < 1
     )
+    for name in ("solver_accuracy", "system_accuracy"):  # the gains are paired over the same 20 problems
+        per_problem = {when: result["outcomes"][when][name] for when in ("before", "after")}
+        assert all(len(v) == 20 and set(v) <= {0.0, 1.0} for v in per_problem.values())
+        assert all(abs(sum(v) / 20 - result[when][name]) < 1e-9 for when, v in per_problem.items())
+        gain = result["gains"][name]
+        assert abs(gain["gain"] - (result["after"][name] - result["before"][name])) < 1e-9
+        d = [a - b for a, b in zip(per_problem["after"], per_problem["before"], strict=True)]
+        mean = sum(d) / 20
+        assert abs(gain["paired_se"] - (sum((x - mean) ** 2 for x in d) / 19 / 20) ** 0.5) < 1e-9
+    assert "standard errors, paired" in " ".join(proc.stdout.split())
     assert "system_accuracy" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
     # not a terminal: plain progress lines a log file keeps (the warm start's, then the job's with each role)
     assert "MarsRL warm start 150/150" in proc.stdout

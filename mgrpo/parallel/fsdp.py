@@ -36,6 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from mgrpo.agents.loop import Transcript
 from mgrpo.checkpoint import FULL, is_sharded, load_sharded_optimizer, save_sharded_optimizer
 from mgrpo.parallel.group import device
+from mgrpo.parallel.transport import buckets
 from mgrpo.training import UpdateSettings, ppo_update
 
 FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -105,18 +106,14 @@ class ShardedPolicy:
     def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
         """Every rank: copy the trained weights into rank 0's full `into` (same parameter names; None
         elsewhere). Bucketed gathers of the dim-0 shards (module docstring)."""
-        params = [(n, p) for n, p in self.model.named_parameters()]
+        params = dict(self.model.named_parameters())
         dest = dict(into.named_parameters()) if into is not None else {}
-        buckets: list[list[tuple[str, torch.Tensor]]] = [[]]
-        size = 0
-        for name, p in params:
-            buckets[-1].append((name, p))
-            size += _chunk_rows(p.shape[0], self.world) * (p.numel() // max(p.shape[0], 1)) * 4
-            if size >= bucket_mb * 1e6:
-                buckets.append([])
-                size = 0
-        for i, bucket in enumerate(b for b in buckets if b):
-            self._gather_bucket(i, bucket, dest)
+        shards = {  # each rank's padded dim-0 shard of every parameter, fp32
+            n: torch.Size([_chunk_rows(p.shape[0], self.world), p.numel() // max(p.shape[0], 1)])
+            for n, p in params.items()
+        }
+        for i, names in enumerate(buckets(shards, 4, bucket_mb)):
+            self._gather_bucket(i, [(n, params[n]) for n in names], dest)
 
     def _gather_bucket(
         self, i: int, bucket: list[tuple[str, torch.Tensor]], dest: dict[str, torch.nn.Parameter]

@@ -91,7 +91,7 @@ class OptimConfig(_Strict):
         0,
         ge=0,
         le=16_777_216,
-        description="Padded tokens per forward/backward of the update: each minibatch is sorted by length and cut into micro-batches of at most this many (rows × longest row; a longer row alone), their gradients accumulated into the one-batch gradient, so short rows are not padded to the longest and a GPU holds one micro-batch's activations. 0 = the whole minibatch in one forward.",
+        description="Padded tokens per forward/backward of the update: each minibatch is sorted by length and cut into micro-batches of at most this many (rows × longest row; a longer row alone), their gradients accumulated into the one-batch gradient, so short rows are not padded to the longest and a GPU holds one micro-batch's activations; with pipeline stages (MGRPO_PIPELINE_STAGES) the micro-batches are what the stages overlap on. 0 = the whole minibatch in one forward.",
     )
     compile: bool = Field(
         False,

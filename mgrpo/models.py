@@ -133,5 +133,10 @@ def token_logprobs(
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
     ).logits  # (B, T, V)
+    return logits_logprobs(logits, input_ids, temperature)
+
+
+def logits_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """`token_logprobs` from the logits (B, T, V) of `input_ids` (B, T): (B, T-1)."""
     logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
-    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

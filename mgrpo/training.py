@@ -21,6 +21,11 @@ into micro-batches of at most that many padded tokens; each micro-batch's loss, 
 denominator, is scaled by its part of the minibatch's denominator before its backward, so the
 accumulated gradient — and the one optimizer step — are those of the whole minibatch, with less
 padding and one micro-batch's activations in memory at a time.
+
+Pipeline parallelism (a model with `pipelined` set: the megatron-core backend on P > 1 stages): the
+same micro-batches and weights, but the model's schedule runs them (`train_pipeline`: 1F1B, the loss
+`_part_loss` on the last stage from its logits) and its forward-only schedule gives the proximal and
+reference log-probs (`logprobs`); the metrics come back from the last stage to every rank.
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ from transformers import PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
 from mgrpo.algo.loss import AggMode, agg_count, policy_loss
-from mgrpo.batching import collate
+from mgrpo.batching import TokenBatch, collate
 from mgrpo.config import OptimConfig
-from mgrpo.models import token_logprobs
+from mgrpo.models import logits_logprobs, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -123,13 +128,20 @@ def _proximal_logprobs(
     out: list[torch.Tensor | None] = [None] * len(samples)
     idx = [i for i, flag in enumerate(stale) if flag]
     model.train()  # the mode the loss's forward runs in
+    chunks = [idx[start : start + s.minibatch_size] for start in range(0, len(idx), s.minibatch_size)]
+    batches = [collate([samples[i][0] for i in chunk], pad_id).to(model.device) for chunk in chunks]
     with torch.no_grad():
-        for start in range(0, len(idx), s.minibatch_size):
-            chunk = idx[start : start + s.minibatch_size]
-            batch = collate([samples[i][0] for i in chunk], pad_id).to(model.device)
-            logp = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)
-            for row, i in enumerate(chunk):
-                out[i] = logp[row, : len(samples[i][0]) - 1].float().cpu()
+        if getattr(model, "pipelined", False):  # one run of its schedule
+            ids = [(b.input_ids, b.attention_mask) for b in batches]
+            logps = model.logprobs(ids, s.temperature)  # type: ignore[operator]
+        else:
+            logps = [
+                token_logprobs(model, b.input_ids, b.attention_mask, temperature=s.temperature)
+                for b in batches
+            ]
+    for chunk, logp in zip(chunks, logps, strict=True):
+        for row, i in enumerate(chunk):
+            out[i] = logp[row, : len(samples[i][0]) - 1].float().cpu()
     return out
 
 
@@ -186,15 +198,23 @@ def _minibatch(
         )
         share = 0.0 if idle else agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg) / max(total, 1)
     optimizer.zero_grad()
-    parts: list[tuple[dict[str, float], float, float]] = []  # per micro-batch: metrics, weight, tokens
-    for idx in microbatches([len(t) for t, _ in batch_samples], s.microbatch_tokens):
-        part = [batch_samples[i] for i in idx]
-        count = agg_count([t.mask[1:] for t, _ in part], s.loss_agg)
-        weight = 0.0 if idle else count / total if total else len(idx) / len(batch_samples)
-        loss, m = _loss(model, part, s, pad_id, ref_model, None if prox is None else [prox[i] for i in idx])
-        (loss * (weight * world)).backward()
-        parts.append((m, weight, 0.0 if idle else float(sum(sum(t.mask[1:]) for t, _ in part))))
-    metrics = _combine(parts, share)
+    cuts = microbatches([len(t) for t, _ in batch_samples], s.microbatch_tokens)
+    micro = [[batch_samples[i] for i in idx] for idx in cuts]
+    micro_prox = [None if prox is None else [prox[i] for i in idx] for idx in cuts]
+    weights = [
+        0.0 if idle else agg_count([t.mask[1:] for t, _ in part], s.loss_agg) / total if total else len(part) / len(batch_samples)
+        for part in micro
+    ]  # fmt: skip
+    if getattr(model, "pipelined", False):  # its schedule runs the micro-batches
+        part_metrics = _pipelined(model, micro, weights, s, pad_id, ref_model, micro_prox)
+    else:
+        part_metrics = []
+        for part, weight, p in zip(micro, weights, micro_prox, strict=True):
+            loss, m = _loss(model, part, s, pad_id, ref_model, p)
+            (loss * (weight * world)).backward()
+            part_metrics.append(m)
+    tokens = [0.0 if idle else float(sum(sum(t.mask[1:]) for t, _ in part)) for part in micro]
+    metrics = _combine(list(zip(part_metrics, weights, tokens, strict=True)), share)
     clip = getattr(model, "clip_grad_norm_", None)  # a tensor-parallel model clips by its whole norm
     grad_norm = (
         clip(s.max_grad_norm) if clip else torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
@@ -242,14 +262,7 @@ def _loss(
     prox: list[torch.Tensor | None] | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch's loss over its own denominator, and its metrics."""
-    batch = collate([t for t, _ in part], pad_id).to(model.device)
-    logp_prox = None
-    if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
-        logp_prox = batch.logp_old.clone()
-        for row, p in enumerate(prox):
-            if p is not None:
-                logp_prox[row, : p.numel()] = p.to(logp_prox.device)
-    adv = torch.tensor([a for _, a in part], dtype=torch.float32, device=model.device)  # (B,)
+    batch, adv, logp_prox = _inputs(part, pad_id, prox, model.device)
     ref_logp = None
     if ref_model is not None:
         with torch.no_grad():
@@ -260,11 +273,64 @@ def _loss(
     logp = token_logprobs(
         forward, batch.input_ids, batch.attention_mask, temperature=s.temperature
     )  # (B, T-1)
+    return _part_loss(logp, batch, adv, logp_prox, ref_logp, s)
+
+
+def _inputs(
+    part: list[tuple[Transcript, float]],
+    pad_id: int,
+    prox: list[torch.Tensor | None] | None,
+    device: torch.device,
+) -> tuple[TokenBatch, torch.Tensor, torch.Tensor | None]:
+    """A micro-batch's padded batch, advantages (B,) and logp_prox (None when no row is stale)."""
+    batch = collate([t for t, _ in part], pad_id).to(device)
+    logp_prox = None
+    if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
+        logp_prox = batch.logp_old.clone()
+        for row, p in enumerate(prox):
+            if p is not None:
+                logp_prox[row, : p.numel()] = p.to(logp_prox.device)
+    return batch, torch.tensor([a for _, a in part], dtype=torch.float32, device=device), logp_prox
+
+
+def _part_loss(
+    logp: torch.Tensor,
+    batch: TokenBatch,
+    adv: torch.Tensor,
+    logp_prox: torch.Tensor | None,
+    ref_logp: torch.Tensor | None,
+    s: UpdateSettings,
+) -> tuple[torch.Tensor, dict[str, float]]:
     loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
                                 clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef,
                                 logp_prox=logp_prox, is_cap=s.is_cap)  # fmt: skip
     metrics["loss"] = loss.item()
     return loss, metrics
+
+
+def _pipelined(
+    model: Any,
+    parts: list[list[tuple[Transcript, float]]],
+    weights: list[float],
+    s: UpdateSettings,
+    pad_id: int,
+    ref_model: Any,
+    prox: list[list[torch.Tensor | None] | None],
+) -> list[dict[str, float]]:
+    """A pipeline-parallel model's forward/backward of a minibatch's micro-batches: one run of its
+    schedule, micro-batch i's loss scaled by `weights[i]` on the last stage; each one's metrics."""
+    inputs = [_inputs(part, pad_id, p, model.device) for part, p in zip(parts, prox, strict=True)]
+    ids = [(b.input_ids, b.attention_mask) for b, _, _ in inputs]
+    refs = ref_model.logprobs(ids, s.temperature) if ref_model is not None else [None] * len(ids)
+
+    def loss_fn(i: int, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        batch, adv, logp_prox = inputs[i]
+        loss, m = _part_loss(logits_logprobs(logits, batch.input_ids, s.temperature), batch, adv, logp_prox,
+                             refs[i], s)  # fmt: skip
+        return loss * weights[i], m
+
+    result: list[dict[str, float]] = model.train_pipeline(ids, loss_fn)
+    return result
 
 
 def reduce_metrics(metrics: dict[str, float], share: float) -> dict[str, float]:

@@ -69,6 +69,13 @@ def serve(
             help="How the role's ranks hold the model: fsdp (data parallel) or megatron (megatron-core tensor parallel) (MGRPO_BACKEND)."
         ),
     ] = None,
+    pipeline_stages: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --backend megatron: pipeline stages the layers are split over, dividing the ranks (MGRPO_PIPELINE_STAGES).",
+        ),
+    ] = None,
 ) -> None:
     """Run one service with uvicorn (settings from MGRPO_* and REDIS_URL environment variables)."""
     import uvicorn
@@ -86,7 +93,8 @@ def serve(
     from services.settings import get_settings
 
     given = {"MGRPO_ROLE": as_role, "MGRPO_RANKS": ranks, "MGRPO_NODES": nodes,
-             "MGRPO_NODE_RANK": node_rank, "MGRPO_RENDEZVOUS": rendezvous, "MGRPO_BACKEND": backend}  # fmt: skip
+             "MGRPO_NODE_RANK": node_rank, "MGRPO_RENDEZVOUS": rendezvous, "MGRPO_BACKEND": backend,
+             "MGRPO_PIPELINE_STAGES": pipeline_stages}  # fmt: skip
     for name, value in given.items():
         if value is not None:
             if role == "controller":
@@ -142,7 +150,7 @@ def _serve_trainer(settings: Settings, run: Callable[[], None], host: str, port:
     from mgrpo.parallel import group
     from mgrpo.parallel import ranks as rank_calls
 
-    rank_calls.configure(settings.backend)
+    rank_calls.configure(settings.backend, settings.pipeline_stages)
     if group.init_from_env() and group.rank() > 0:
         if settings.node_rank > 0 and os.environ.get("LOCAL_RANK") == "0":
             from services.node_health import serve_health
@@ -151,8 +159,9 @@ def _serve_trainer(settings: Settings, run: Callable[[], None], host: str, port:
         rank_calls.serve()
         return
     if group.joined_world() > 1:
+        stages = f" over {settings.pipeline_stages} pipeline stages" if settings.pipeline_stages > 1 else ""
         console.print(
-            f"training on {group.joined_world()} ranks over {settings.nodes} node(s), backend {settings.backend}"
+            f"training on {group.joined_world()} ranks over {settings.nodes} node(s), backend {settings.backend}{stages}"
         )
     try:
         run()

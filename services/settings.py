@@ -64,7 +64,13 @@ class Settings(BaseSettings):
     )
     backend: Literal["fsdp", "megatron"] = Field(
         "fsdp",
-        description="How a role on W > 1 ranks holds its model: fsdp (FSDP2, data parallel) or megatron (megatron-core, tensor parallel over the W ranks).",
+        description="How a role on W > 1 ranks holds its model: fsdp (FSDP2, data parallel) or megatron (megatron-core, tensor parallel over W / MGRPO_PIPELINE_STAGES ranks on each pipeline stage).",
+    )
+    pipeline_stages: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="With MGRPO_BACKEND=megatron: the pipeline stages P the model's layers are split over (megatron-core's 1F1B schedule); it must divide W, and P must divide the model's layers.",
     )
     nodes: int = Field(
         1,
@@ -129,6 +135,14 @@ class Settings(BaseSettings):
         if self.backend == "megatron" and self.nodes * self.ranks < 2:
             raise ValueError(
                 "MGRPO_BACKEND=megatron splits the model over the role's ranks: give it MGRPO_RANKS (or MGRPO_NODES) of 2 or more; one process trains the HF model itself"
+            )
+        if self.pipeline_stages > 1 and self.backend != "megatron":
+            raise ValueError(
+                "MGRPO_PIPELINE_STAGES > 1 needs MGRPO_BACKEND=megatron (FSDP2 splits the batch, not the layers)"
+            )
+        if (self.nodes * self.ranks) % self.pipeline_stages:
+            raise ValueError(
+                f"MGRPO_PIPELINE_STAGES {self.pipeline_stages} must divide the role's ranks, MGRPO_NODES × MGRPO_RANKS = {self.nodes * self.ranks}"
             )
         if self.node_rank >= self.nodes:
             raise ValueError(f"MGRPO_NODE_RANK {self.node_rank} is not below MGRPO_NODES {self.nodes}")

@@ -1,12 +1,14 @@
-"""A role's policy as a megatron-core GPTModel split over the group's W ranks by tensor parallelism
-(`MGRPO_BACKEND=megatron`), with the interface of the FSDP2 `ShardedPolicy`, so rank 0's service
-drives either the same way (`mgrpo.parallel.ranks`).
+"""A role's policy as a megatron-core GPTModel split over the group's W ranks (`MGRPO_BACKEND=megatron`)
+by tensor parallelism over T = W / P ranks on each of P pipeline stages (`MGRPO_PIPELINE_STAGES`,
+default 1), with the interface of the FSDP2 `ShardedPolicy`, so rank 0's service drives either the
+same way (`mgrpo.parallel.ranks`).
 
 Every rank builds its share of the model from the HF config (`mgrpo.parallel.megatron`) and
 receives only its share of rank 0's HF weights, converted on rank 0 one rank at a time and sent in
 buckets (`mgrpo.parallel.transport`; a resumed optimizer state's moments the same way); every rank
-then runs the same `ppo_update` on every row of the step (tensor parallelism splits each layer, not
-the batch). Out of it come the HF names the rest of the system knows: `sync_into` gathers the shards
+then runs the same `ppo_update` on every row of the step (tensor parallelism splits each layer and
+the stages the layers, not the batch; with P > 1 the update's micro-batches go through megatron-
+core's 1F1B schedule, `mgrpo.parallel.megatron_pipeline`). Out of it come the HF names the rest of the system knows: `sync_into` gathers the shards
 in buckets and copies them, converted, into rank 0's full HF model (the rollout engine's), and the
 optimizer state is converted the same way as the weights — per parameter `exp_avg` and `exp_avg_sq`
 — to the full, FQN-keyed form FSDP2 writes, so a checkpoint of either backend on any W resumes on
@@ -33,7 +35,8 @@ from mgrpo.parallel.megatron import (
     empty_hf,
     hf_to_megatron,
     load_into,
-    tensor_parallel,
+    model_parallel,
+    place,
     tie_hf,
 )
 from mgrpo.parallel.transport import Transport
@@ -46,27 +49,44 @@ def _on_device() -> contextlib.AbstractContextManager[None]:
     return cpu_shim() if device().type == "cpu" else contextlib.nullcontext()
 
 
-def _layout(hf_config: Any, world: int, rank: int) -> dict[str, torch.Size]:
-    """The names and shapes of rank `rank`'s megatron-core share (the same on every rank), worked out
-    on the meta device."""
+def _layout(hf_config: Any, tp: int, pp: int, rank: int) -> dict[str, torch.Size]:
+    """The names and shapes of global rank `rank`'s megatron-core share (the same on every rank),
+    worked out on the meta device."""
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(hf_config).state_dict()
-        return {name: t.shape for name, t in hf_to_megatron(meta, hf_config, world, rank).items()}
+        return {name: t.shape for name, t in hf_to_megatron(meta, hf_config, tp, *_at(rank, tp, pp)).items()}
+
+
+def _at(rank: int, tp: int, pp: int) -> tuple[int, int, int]:
+    """(tensor-parallel rank, P, stage) of a global rank: hf_to_megatron's and copy_into_hf's last arguments."""
+    t, stage = place(rank, tp)
+    return t, pp, stage
 
 
 class MegatronPolicy:
     def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
                  optimizer_state: dict[str, Any] | None = None, *, with_ref: bool = False,
-                 ref_source: PreTrainedModel | None = None, bucket_mb: float = 256.0) -> None:  # fmt: skip
+                 ref_source: PreTrainedModel | None = None, bucket_mb: float = 256.0,
+                 pipeline: int = 1) -> None:  # fmt: skip
         """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
-        KL penalty), `bucket_mb` (the transport's, until `sync_into` sets its own); rank 0 passes
-        `source` (its full HF model, not changed), a full FQN-keyed `optimizer_state` to resume and
-        the reference's weights `ref_source` (None elsewhere)."""
+        KL penalty), `bucket_mb` (the transport's, until `sync_into` sets its own), `pipeline` (the
+        stages P, dividing W); rank 0 passes `source` (its full HF model, not changed), a full
+        FQN-keyed `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if pipeline < 1 or self.world % pipeline:
+            raise ValueError(f"{pipeline} pipeline stages must divide the role's {self.world} ranks")
+        self.pp, self.tp = pipeline, self.world // pipeline
         self.hf_config = AutoConfig.for_model(**config)
-        tensor_parallel(self.world)
-        self.transport = Transport(bucket_mb)
-        self.layout = _layout(self.hf_config, self.world, self.rank)
+        model_parallel(self.tp, self.pp)
+        layouts: dict[int, dict[str, torch.Size]] = {}  # each rank's, worked out once (rank 0 asks)
+
+        def layout_of(r: int) -> dict[str, torch.Size]:
+            if r not in layouts:
+                layouts[r] = _layout(self.hf_config, self.tp, self.pp, r)
+            return layouts[r]
+
+        self.transport = Transport(bucket_mb, layout_of if self.pp > 1 else None)
+        self.layout = layout_of(self.rank)
         self.model = self._split(source)
         self.ref = self._split(ref_source).requires_grad_(False).eval() if with_ref else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
@@ -75,7 +95,8 @@ class MegatronPolicy:
     def _split(self, source: PreTrainedModel | None) -> MegatronCausalLM:
         """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""
         with _on_device():
-            model = MegatronCausalLM(self.hf_config, self.world).to(device())
+            _, pp, stage = _at(self.rank, self.tp, self.pp)
+            model = MegatronCausalLM(self.hf_config, self.tp, pp=pp, stage=stage).to(device())
             full = source.state_dict() if source is not None else None
             load_into(model.gpt, self._scattered(full))
         return model
@@ -85,7 +106,7 @@ class MegatronPolicy:
         buckets; no rank but 0 ever holds more than its share."""
 
         def shard_of(r: int) -> dict[str, torch.Tensor]:
-            return hf_to_megatron(full or {}, self.hf_config, self.world, r)
+            return hf_to_megatron(full or {}, self.hf_config, self.tp, *_at(r, self.tp, self.pp))
 
         like = torch.empty(0, dtype=torch.float32, device=device())
         return self.transport.scatter(shard_of if full is not None else None, self.layout, like)
@@ -112,7 +133,12 @@ class MegatronPolicy:
             return {}
         like = torch.empty(0, dtype=next(iter(shards.values())).dtype)
         out = into if into is not None else empty_hf(self.hf_config, like)
-        self.transport.gather(shards, lambda r, part: copy_into_hf(part, self.hf_config, self.world, r, out))
+        self.transport.gather(
+            shards,
+            lambda r, part: copy_into_hf(
+                part, self.hf_config, self.tp, r % self.tp, out, self.pp, r // self.tp
+            ),
+        )
         return tie_hf(out, self.hf_config) if into is None else out
 
     def full_weights(self) -> dict[str, torch.Tensor]:

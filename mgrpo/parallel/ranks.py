@@ -5,7 +5,7 @@ until `shutdown`. A call's collectives (FSDP's all-gathers and reduce-scatters) 
 order on every rank. One call at a time.
 
 Calls: `open` (build the sharded policy of a job's role from rank 0's model: FSDP2, or megatron-core
-tensor parallel after `configure("megatron")`), `update` (one PPO update
+tensor and pipeline parallel after `configure("megatron", stages)`), `update` (one PPO update
 on the step's samples, split across the ranks), `sync` (the weights into rank 0's full model),
 `optimizer_state` (gathered to rank 0), `save_optimizer` (each rank's shard into a checkpoint,
 fsdp), `close`. An error raised alike on every rank (a bad argument) fails the call on rank 0 and leaves the
@@ -33,6 +33,7 @@ log = logging.getLogger("mgrpo.parallel")
 _lock = threading.Lock()
 _policy: ShardedPolicy | MegatronPolicy | None = None
 _backend = "fsdp"
+_stages = 1
 
 
 class RankLost(RuntimeError):
@@ -44,13 +45,16 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "NCCL", "Connection closed"))
 
 
-def configure(backend: str) -> None:
+def configure(backend: str, pipeline_stages: int = 1) -> None:
     """On every rank, before serving: how `open` holds the policy — `fsdp` (FSDP2 data parallel,
-    `ShardedPolicy`) or `megatron` (megatron-core tensor parallel, `MegatronPolicy`)."""
+    `ShardedPolicy`) or `megatron` (megatron-core tensor parallel on each of `pipeline_stages`
+    stages, `MegatronPolicy`)."""
     if backend not in ("fsdp", "megatron"):
         raise ValueError(f"unknown backend {backend!r}: fsdp or megatron")
-    global _backend
-    _backend = backend
+    if pipeline_stages > 1 and backend != "megatron":
+        raise ValueError("pipeline stages need the megatron backend")
+    global _backend, _stages
+    _backend, _stages = backend, pipeline_stages
 
 
 def policy_class(backend: str) -> type[ShardedPolicy] | type[MegatronPolicy]:
@@ -65,8 +69,9 @@ def policy_class(backend: str) -> type[ShardedPolicy] | type[MegatronPolicy]:
 def _open(config: dict[str, Any], lr: float, with_ref: bool = False, source: Any = None,
           optimizer_state: Any = None, ref_source: Any = None) -> None:  # fmt: skip
     global _policy
+    stages = {"pipeline": _stages} if _backend == "megatron" else {}
     _policy = policy_class(_backend)(config, lr, source=source, optimizer_state=optimizer_state,
-                                     with_ref=with_ref, ref_source=ref_source)  # fmt: skip
+                                     with_ref=with_ref, ref_source=ref_source, **stages)  # fmt: skip
 
 
 def _opened() -> ShardedPolicy | MegatronPolicy:

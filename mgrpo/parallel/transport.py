@@ -4,8 +4,9 @@ One message per bucket instead of one collective per tensor: gloo's fixed cost p
 the megatron backend's weight sync (0.15–0.32 of a raw broadcast's bandwidth with a gather per
 tensor), and its `gather` was half as fast as sends (`bench/ranks_bench.py`).
 
-Every rank must call `gather` or `scatter` with the same names, shapes and dtype in the same order
-(tensor-parallel shards have them)."""
+Every rank must call `gather` or `scatter` with the same dtype; a rank's names and shapes are its
+`layout_of(rank)` (one layout for all when not given: tensor-parallel shards; pipeline stages hold
+different layers, so rank 0 is told each rank's)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,18 @@ class Transport:
     """Bucketed moves for one group (`dist` initialised); keeps `gather`'s receive buffers between
     calls (no page faults on every weight sync)."""
 
-    def __init__(self, bucket_mb: float = 256.0) -> None:
+    def __init__(
+        self, bucket_mb: float = 256.0, layout_of: Callable[[int], Mapping[str, torch.Size]] | None = None
+    ) -> None:
+        """`layout_of(r)`: rank r's names and shapes, asked on rank 0 only; None: every rank's are the
+        caller's own."""
         self.bucket_mb = bucket_mb
+        self.layout_of = layout_of
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _layout(self, r: int, own: Mapping[str, torch.Size]) -> Mapping[str, torch.Size]:
+        return self.layout_of(r) if self.layout_of is not None else own
 
     def _kept(self, key: tuple[int, int], like: torch.Tensor, numel: int) -> torch.Tensor:
         buf = self._buffers.get(key)
@@ -81,17 +90,21 @@ class Transport:
                 if req is not None:
                     req.wait()
             return
-        pending = [
+        theirs = {r: self._layout(r, layout) for r in range(1, self.world)}
+        cuts = {r: buckets(theirs[r], like.element_size(), self.bucket_mb) for r in theirs}
+        pending = [  # bucket by bucket, each rank's i-th in turn: the order they arrive in
             (r, names, buf, dist.irecv(buf, src=r))
-            for i, (names, numel) in enumerate(zip(groups, sizes, strict=True))
-            for r in range(1, self.world)
-            for buf in [self._kept((i, r), like, numel)]
+            for i in range(max((len(c) for c in cuts.values()), default=0))
+            for r, c in cuts.items()
+            if i < len(c)
+            for names in [c[i]]
+            for buf in [self._kept((i, r), like, sum(theirs[r][n].numel() for n in names))]
         ]
         put(0, dict(local))
         for r, names, buf, req in pending:
             if req is not None:
                 req.wait()
-            put(r, _unpack(buf, names, layout))
+            put(r, _unpack(buf, names, theirs[r]))
 
     def scatter(
         self,
@@ -99,8 +112,8 @@ class Transport:
         layout: Mapping[str, torch.Size],
         like: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """Every rank: the names and shapes of its share (`layout`, equal on every rank) and a tensor
-        of the dtype and device to receive in (`like`). Rank 0 passes `shard_of(r)`, rank r's tensors,
+        """Every rank: the names and shapes of its share (`layout`) and a tensor of the dtype and
+        device to receive in (`like`). Rank 0 passes `shard_of(r)`, rank r's tensors,
         asked one rank at a time so rank 0 never holds more than one other rank's share. Every rank
         gets its own share, in fresh memory."""
         if self.rank > 0:
@@ -112,11 +125,11 @@ class Transport:
             return out
         assert shard_of is not None, "rank 0 must pass every rank's share"
         for r in range(1, self.world):
-            shard = shard_of(r)
-            if {n: t.shape for n, t in shard.items()} != dict(layout):
-                raise ValueError(f"rank {r}'s share does not have the layout every rank expects")
-            for names in buckets(layout, like.element_size(), self.bucket_mb):
-                buf = torch.empty(sum(layout[n].numel() for n in names), dtype=like.dtype, device=like.device)
+            shard, theirs = shard_of(r), self._layout(r, layout)
+            if {n: t.shape for n, t in shard.items()} != dict(theirs):
+                raise ValueError(f"rank {r}'s share does not have the layout rank {r} expects")
+            for names in buckets(theirs, like.element_size(), self.bucket_mb):
+                buf = torch.empty(sum(theirs[n].numel() for n in names), dtype=like.dtype, device=like.device)
                 _pack(buf, shard, names)
                 dist.send(buf, dst=r)
         return {n: t.detach().to(like.device, like.dtype).clone() for n, t in shard_of(0).items()}

@@ -1,8 +1,9 @@
 """A role's trainer on two ranks (torchrun, FSDP2 over gloo on CPU) inside a real cluster: a `co_train`
 job with a 2-rank sub-agent (one machine, `--ranks 2`, FSDP2) and a planner spread over two nodes
 (`--nodes 2`, two torchruns meeting at node 0 as on two machines) holding its model as a megatron-core
-GPTModel split by tensor parallelism (`MGRPO_BACKEND=megatron`; on the CPU through its documented
-shim) trains through the services, every update's
+GPTModel split into two pipeline stages (`MGRPO_BACKEND=megatron`, `MGRPO_PIPELINE_STAGES=2`: its
+updates through megatron-core's 1F1B schedule; on the CPU through its documented shim; tensor
+parallelism is tested in tests/mgrpo/parallel/test_megatron.py) trains through the services, every update's
 weights synced back to the rank-0 service's engine; `kill -9` of the sub-agent's rank 1 mid-job
 restarts that role (torchrun stops the group, the cluster's supervisor starts it again) and the job
 resumes — the sub-agent's ranks from their own optimizer shards (DCP) — and finishes with every step
@@ -38,13 +39,13 @@ CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 TOKEN = "ranks-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
 JOB = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
-       "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
+       "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3, "microbatch_tokens": 1024}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
 
 
 def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
     warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
     cluster = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, ranks={"subagent": 2},
-                           nodes={"planner": 2}, role_env={"planner": {"MGRPO_BACKEND": "megatron"}},
+                           nodes={"planner": 2}, role_env={"planner": {"MGRPO_BACKEND": "megatron", "MGRPO_PIPELINE_STAGES": "2"}},
                            extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
     with supervised(cluster):
         store, url = Store.connect(cluster.redis_url), cluster.url("controller")
@@ -67,7 +68,7 @@ def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
         assert job["status"] == "succeeded", job["reason"]
         assert cluster.restarts.get("subagent") == 1, cluster.restarts  # the group, once; nothing else
         assert (
-            "training on 2 ranks over 2 node(s), backend megatron"
+            "training on 2 ranks over 2 node(s), backend megatron over 2 pipeline stages"
             in (tmp_path / "logs" / "planner.log").read_text()
         )
         log = (tmp_path / "logs" / "subagent.log").read_text()

@@ -1,13 +1,16 @@
-"""Run under `torchrun --nproc-per-node 2` by test_megatron.py: the tiny Qwen3 of `updates.py` as a
-`MegatronPolicy` (a megatron-core GPTModel split over 2 tensor-parallel ranks, gloo, on the CPU
-through `cpu_shim`): its logits on a left-padded batch (→ `<out>/logits.pt`); the two updates of
-`updates.py` from scratch (HF weights and optimizer state after each → `<out>/tp2-1.pt`, `tp2-2.pt`,
+"""Run under `torchrun --nproc-per-node W` by test_megatron.py with P pipeline stages (`<out> P`): the
+tiny Qwen3 of `updates.py` as a `MegatronPolicy` (a megatron-core GPTModel split over W / P tensor-
+parallel ranks on each of P stages, gloo, on the CPU through `cpu_shim`; name tp{W/P}pp{P}): its
+logits on a left-padded batch (P > 1: its log-probs from the schedule's forward-only pass) →
+`<out>/<name>-logits.pt`; the two updates of `updates.py` from scratch (with P > 1 in micro-batches
+through the 1F1B schedule; HF weights and optimizer state after each → `<out>/<name>-1.pt`, `-2.pt`,
 the sync into a zeroed HF model, in several buckets, checked against them); and the second update
-resumed from the one-process state after the first (`<out>/w1-1.pt` → `<out>/w1to2-2.pt`), its
+resumed from the one-process state after the first (`<out>/w1-1.pt` → `<out>/w1to<name>-2.pt`), its
 weights and moments scattered in several buckets."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save,
 # padding_idx); megatron-core's has no such row. Rollouts never feed the pad token as a real token,
 # so the samples here do not either (ids from 1; the pad id is 0).
 NO_PAD = 1
+MICROBATCH_TOKENS = 40  # with pipeline stages: 2–4 micro-batches per minibatch of `updates.py`
 
 
 def batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +39,10 @@ def batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
     rows, stale = samples(update, len(tok), low=NO_PAD)
-    metrics = policy.update(rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale)
+    settings = SETTINGS[update]
+    if policy.pp > 1:  # several micro-batches of different lengths through the schedule
+        settings = dataclasses.replace(settings, microbatch_tokens=MICROBATCH_TOKENS)
+    metrics = policy.update(rows, settings, pad_id=tok.pad_token_id, seed=update, stale=stale)
     weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
     synced = tiny()[0] if dist.get_rank() == 0 else None
     if synced is not None:
@@ -53,7 +60,7 @@ def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
         save(out, weights, optimizer, metrics)
 
 
-def main(out: Path) -> None:
+def main(out: Path, stages: int) -> None:
     assert init_from_env(timeout_s=120)
     hf, tok = tiny()
     rank0 = dist.get_rank() == 0
@@ -63,24 +70,29 @@ def main(out: Path) -> None:
         source=hf if rank0 else None,
         with_ref=True,
         ref_source=reference(1) if rank0 else None,
+        pipeline=stages,
     )
+    name = f"tp{dist.get_world_size() // stages}pp{stages}"
     ids, mask = batch(len(tok))
     with torch.no_grad():
-        logits = policy.model(input_ids=ids, attention_mask=mask).logits
+        if stages == 1:
+            logits = policy.model(input_ids=ids, attention_mask=mask).logits
+        else:  # the schedule's forward: log-probs on every rank
+            logits = policy.model.logprobs([(ids, mask)], temperature=1.0)[0]
     if rank0:
-        torch.save({"logits": logits, "ids": ids, "mask": mask}, out / "logits.pt")
-    run(policy, tok, 0, out / "tp2-1.pt")
-    run(policy, tok, 1, out / "tp2-2.pt")
+        torch.save({"logits": logits, "ids": ids, "mask": mask}, out / f"{name}-logits.pt")
+    run(policy, tok, 0, out / f"{name}-1.pt")
+    run(policy, tok, 1, out / f"{name}-2.pt")
     start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
     if start is not None:
         hf.load_state_dict(start["weights"])
     policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None, with_ref=True,
                             ref_source=reference(1) if rank0 else None,
                             optimizer_state=start["optimizer"] if start else None,
-                            bucket_mb=0.05)  # fmt: skip  # weights and moments scattered in several buckets
-    run(policy, tok, 1, out / "w1to2-2.pt")
+                            bucket_mb=0.05, pipeline=stages)  # fmt: skip  # weights and moments in several buckets
+    run(policy, tok, 1, out / f"w1to{name}-2.pt")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1)

@@ -1,8 +1,9 @@
 """The megatron-core backend's model side (`mgrpo.parallel.megatron`): HF Qwen3 ↔ Megatron names and
-layouts round-trip bit for bit on 1, 2 and 4 tensor-parallel ranks (tied and untied, a vocabulary
-that needs padding); and a GPTModel split over 2 tensor-parallel ranks (two processes under
-torchrun, gloo) gives the HF model's logits and, trained by `ppo_update` with the same samples, the
-HF model's weights. megatron-core runs on the CPU through `cpu_shim` (its CUDA-only buffer
+layouts round-trip bit for bit on 1, 2 and 4 tensor-parallel ranks and 1 or 2 pipeline stages (tied
+and untied, a vocabulary that needs padding); a GPTModel split over 2 tensor-parallel ranks (two
+processes under torchrun, gloo) gives the HF model's logits and, trained by `ppo_update` with the
+same samples, the HF model's weights; and so does one split over 2 tensor-parallel ranks on each of 2
+pipeline stages (four processes), its updates' micro-batches through megatron-core's 1F1B schedule. megatron-core runs on the CPU through `cpu_shim` (its CUDA-only buffer
 placement and RNG fork; module docstring); its fused CUDA kernels and bf16 run in the GPU check
 (bench/gpu_check.sh)."""
 
@@ -18,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from mgrpo.checkpoint import optimizer_state
+from mgrpo.models import token_logprobs
 from mgrpo.parallel.megatron import check_split, hf_to_megatron, megatron_to_hf
 from mgrpo.training import ppo_update
 from tests.mgrpo.parallel.megatron_tp import NO_PAD, batch
@@ -35,13 +37,13 @@ def qwen3(tied: bool, vocab: int = 331) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("tied", [True, False])
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_hf_megatron_round_trip_is_exact(tp, tied):
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)])
+def test_hf_megatron_round_trip_is_exact(tp, pp, tied):
     model = qwen3(tied)
     hf = model.state_dict()
-    shards = [hf_to_megatron(hf, model.config, tp, r) for r in range(tp)]
+    shards = [hf_to_megatron(hf, model.config, tp, r % tp, pp, r // tp) for r in range(tp * pp)]
     assert shards[0]["embedding.word_embeddings.weight"].shape[0] == -(-331 // tp)  # padded, then split
-    back = megatron_to_hf(shards, model.config)
+    back = megatron_to_hf(shards, model.config, pp)
     assert set(back) == set(hf)
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
@@ -52,16 +54,37 @@ def test_hf_megatron_round_trip_is_exact(tp, tied):
         first_group = 4 // tp  # groups on rank 0; rank 1's first group follows
         assert torch.equal(qkv1[: 2 * 16], q[first_group * 2 * 16 : (first_group * 2 + 2) * 16])
         assert torch.equal(qkv1[2 * 16 : 3 * 16], k[first_group * 16 : (first_group + 1) * 16])
+    if pp > 1:  # the last stage: HF layer 1 as its local layer 0, the head (a tied one: the embedding's copy)
+        last = shards[(pp - 1) * tp]  # its tensor-parallel rank 0
+        assert (
+            "embedding.word_embeddings.weight" not in last
+            and "decoder.layers.1.input_layernorm.weight" not in last
+        )
+        assert torch.equal(
+            last["decoder.layers.0.input_layernorm.weight"], hf["model.layers.1.input_layernorm.weight"]
+        )
+        head = hf["model.embed_tokens.weight" if tied else "lm_head.weight"]
+        assert torch.equal(last["output_layer.weight"][: head.shape[0] // tp], head[: head.shape[0] // tp])
 
 
 def test_a_split_that_does_not_divide_the_model_is_refused():
     with pytest.raises(ValueError, match="must divide the model's query groups"):
         check_split(qwen3(True).config, 8)
+    with pytest.raises(ValueError, match="must divide the model's layers"):
+        check_split(qwen3(True).config, 1, 3)
+
+
+def _torchrun(out: Path, ranks: int, stages: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out), str(stages)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    """One process (HF) here, then the 2-rank MegatronPolicy under torchrun; the states after each update."""
+def one_process(tmp_path_factory):
+    """The two updates on the HF model in this process: the states after each."""
     out = tmp_path_factory.mktemp("megatron")
     model, tok = tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
@@ -78,17 +101,26 @@ def tp2(tmp_path_factory):
             ref_model=reference(update),
         )
         save(out / f"w1-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def tp2(one_process):
+    """The 2-rank tensor-parallel MegatronPolicy under torchrun, beside the one-process states."""
+    _torchrun(one_process, 2, 1)
+    return one_process
+
+
+@pytest.fixture(scope="module")
+def tp2pp2(one_process):
+    """2 tensor-parallel ranks on each of 2 pipeline stages (4 processes), beside the one-process states."""
+    _torchrun(one_process, 4, 2)
+    return one_process
 
 
 def test_tensor_parallel_forward_equals_hf(tp2):
     hf, tok = tiny()
-    got = torch.load(tp2 / "logits.pt")
+    got = torch.load(tp2 / "tp2pp1-logits.pt")
     ids, mask = batch(len(tok))
     assert torch.equal(got["ids"], ids) and tok.pad_token_id < NO_PAD
     with torch.no_grad():
@@ -102,7 +134,7 @@ def test_tensor_parallel_forward_equals_hf(tp2):
 def test_tensor_parallel_updates_equal_hf(tp2, update):
     """The same PPO updates (stale samples, both loss denominators, clipping) on the HF model in this
     process and on the 2-rank GPTModel: the same weights, converted back, and the same metrics."""
-    got, want = load(tp2 / f"tp2-{update}.pt"), load(tp2 / f"w1-{update}.pt")
+    got, want = load(tp2 / f"tp2pp1-{update}.pt"), load(tp2 / f"w1-{update}.pt")
     assert_same(got["weights"], want["weights"])
     for key in ("loss", "grad_norm", "clip_frac"):
         assert abs(got["metrics"][key] - want["metrics"][key]) < 1e-4, (key, got["metrics"], want["metrics"])
@@ -111,10 +143,51 @@ def test_tensor_parallel_updates_equal_hf(tp2, update):
 def test_optimizer_state_converts_both_ways(tp2):
     """The optimizer state comes out in the one-process, FQN-keyed form (the same moments), and a
     one-process state after update 1 resumes on 2 tensor-parallel ranks to the one-process update 2."""
-    got, want = load(tp2 / "tp2-1.pt")["optimizer"], load(tp2 / "w1-1.pt")["optimizer"]
+    got, want = load(tp2 / "tp2pp1-1.pt")["optimizer"], load(tp2 / "w1-1.pt")["optimizer"]
     assert set(got["state"]) == set(want["state"]) and "lm_head.weight" not in got["state"]  # tied
     for name, s in want["state"].items():
         assert float(got["state"][name]["step"]) == float(s["step"]), name
         for m in ("exp_avg", "exp_avg_sq"):
             assert (got["state"][name][m] - s[m]).abs().max() < 1e-6 + 1e-3 * s[m].abs().max(), (name, m)
-    assert_same(load(tp2 / "w1to2-2.pt")["weights"], load(tp2 / "w1-2.pt")["weights"])
+    assert_same(load(tp2 / "w1totp2pp1-2.pt")["weights"], load(tp2 / "w1-2.pt")["weights"])
+
+
+def test_pipeline_stages_give_the_hf_log_probs(tp2pp2):
+    """The schedule's forward-only pass (what the proximal and reference log-probs use): the HF
+    model's teacher-forced log-probs, on every rank (rank 0 is the first stage)."""
+    hf, _ = tiny()
+    got = torch.load(tp2pp2 / "tp2pp2-logits.pt")
+    with torch.no_grad():
+        want = token_logprobs(hf, got["ids"], got["mask"])
+    real = (got["mask"][:, :-1] * got["mask"][:, 1:]).bool()  # a real token after a real one (after
+    # padding, each model's padding position predicts differently; never a trained token)
+    assert (got["logits"][real] - want[real]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("update", [1, 2])
+def test_pipeline_parallel_updates_equal_hf(tp2pp2, update):
+    """The same PPO updates through 2 stages × 2 tensor-parallel ranks, in 2–3 micro-batches of
+    different lengths per minibatch (stale samples and a KL reference run the forward-only schedule):
+    the HF model's weights and metrics — the gradient norm is the whole model's, over stages and ranks,
+    the tied embedding's two copies (first and last stage) trained as one."""
+    got, want = load(tp2pp2 / f"tp2pp2-{update}.pt"), load(tp2pp2 / f"w1-{update}.pt")
+    assert_same(got["weights"], want["weights"])
+    for key in ("loss", "grad_norm", "clip_frac", "kl_ref"):
+        if key in want["metrics"]:
+            assert abs(got["metrics"][key] - want["metrics"][key]) < 1e-4, (
+                key,
+                got["metrics"],
+                want["metrics"],
+            )
+
+
+def test_pipeline_parallel_resumes_a_one_process_state(tp2pp2):
+    """A one-process checkpoint (weights and moments) after update 1, scattered to the 4 ranks (each
+    stage its own layers), and update 2 on them: the one-process update 2; the moments gathered back
+    match the one-process ones."""
+    got, want = load(tp2pp2 / "tp2pp2-1.pt")["optimizer"], load(tp2pp2 / "w1-1.pt")["optimizer"]
+    assert set(got["state"]) == set(want["state"])
+    for name, s in want["state"].items():
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert (got["state"][name][m] - s[m]).abs().max() < 1e-6 + 1e-3 * s[m].abs().max(), (name, m)
+    assert_same(load(tp2pp2 / "w1totp2pp2-2.pt")["weights"], load(tp2pp2 / "w1-2.pt")["weights"])

@@ -231,6 +231,13 @@ def local_up(
             help="ROLE=megatron: hold that role's model with megatron-core tensor parallelism over its ranks (default fsdp); repeatable.",
         ),
     ] = None,
+    pipeline_stages: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pipeline-stages",
+            help="ROLE=P: with --backend ROLE=megatron, split that role's layers over P pipeline stages (P divides its ranks); repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Start the cluster in the foreground, restarting any service that dies (Ctrl-C stops it)."""
     from services.launcher import LocalCluster, workflow_roles
@@ -240,7 +247,7 @@ def local_up(
     cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
                            ranks=_parse_counts("--ranks", ranks or [], roles),
                            nodes=_parse_counts("--nodes", nodes or [], roles),
-                           role_env=_parse_backends(backend or [], roles),
+                           role_env=_role_env(backend or [], pipeline_stages or [], roles),
                            ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
 
     def stop(*_: object) -> None:
@@ -272,6 +279,16 @@ def _parse_backends(items: list[str], roles: tuple[str, ...]) -> dict[str, dict[
             raise fail(f"--backend {item!r}: give ROLE=fsdp or ROLE=megatron, ROLE one of {', '.join(roles)}")
         out[role] = {"MGRPO_BACKEND": name}
     return out
+
+
+def _role_env(backends: list[str], stages: list[str], roles: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """`--backend` and `--pipeline-stages` options as each role's environment."""
+    env = _parse_backends(backends, roles)
+    for role, p in _parse_counts("--pipeline-stages", stages, roles).items():
+        if env.get(role, {}).get("MGRPO_BACKEND") != "megatron":
+            raise fail(f"--pipeline-stages {role}={p}: pipeline stages need --backend {role}=megatron")
+        env[role]["MGRPO_PIPELINE_STAGES"] = str(p)
+    return env
 
 
 def _parse_counts(option: str, items: list[str], roles: tuple[str, ...]) -> dict[str, int]:

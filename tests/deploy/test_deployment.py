@@ -109,7 +109,7 @@ def test_a_role_on_two_ranks_gets_them_and_shared_memory():
 
 def test_a_role_on_three_nodes_gets_a_node_statefulset_meeting_at_node_0():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    values["roles"][0] |= {"nodes": 3, "backend": "megatron"}
+    values["roles"][0] |= {"nodes": 3, "ranks": 2, "backend": "megatron", "pipelineStages": 2}
     docs = render({**values, "apiToken": "t"})
     by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     leader = by[("Deployment", "rel-mgrpo-planner")]["spec"]["template"]
@@ -127,6 +127,7 @@ def test_a_role_on_three_nodes_gets_a_node_statefulset_meeting_at_node_0():
     for c in (lc, nc):
         assert {"name": "MGRPO_NODES", "value": "3"} in c["env"]
         assert {"name": "MGRPO_BACKEND", "value": "megatron"} in c["env"]
+        assert {"name": "MGRPO_PIPELINE_STAGES", "value": "2"} in c["env"]
         assert {"name": "MGRPO_RENDEZVOUS", "value": "rel-mgrpo-planner-rendezvous:29500"} in c["env"]
     assert "MGRPO_NODE_RANK" not in {e["name"] for e in lc["env"]}  # node 0: the default
     # node 0 (only) behind the rendezvous, found before it is ready (it is ready once every node joined)

@@ -182,6 +182,7 @@ def test_unknown_role_and_bad_option(tmp_path):
         ("--ranks", "subagent=0", "whole number"),
         ("--nodes", "subagent", "whole number"),
         ("--backend", "subagent=deepspeed", "ROLE=fsdp or ROLE=megatron"),
+        ("--pipeline-stages", "subagent=2", "pipeline stages need"),
     ):
         proc = mgrpo("local", "up", "--run-dir", str(tmp_path), option, bad)
         assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout
@@ -194,6 +195,14 @@ def test_unknown_role_and_bad_option(tmp_path):
         ),
         (("--nodes", "2", "--rendezvous", "node0"), "MGRPO_RENDEZVOUS"),
         (("--backend", "megatron"), "MGRPO_RANKS (or MGRPO_NODES) of 2 or more"),
+        (
+            ("--ranks", "2", "--pipeline-stages", "2"),
+            "MGRPO_PIPELINE_STAGES > 1 needs",
+        ),
+        (
+            ("--ranks", "2", "--backend", "megatron", "--pipeline-stages", "4"),
+            "MGRPO_PIPELINE_STAGES 4 must divide",
+        ),
     ):
         proc = mgrpo("serve", "subagent", *args, env=redis)
         assert proc.returncode == 2 and says in proc.stdout and "Traceback" not in proc.stderr, proc.stdout

@@ -14,6 +14,9 @@
    through its shim): the same update, and its sync (`MegatronPolicy.sync_into`: the shards gathered
    to rank 0 in buckets, converted to HF names and copied into its model) against the same raw
    broadcast.
+4. **megatron with 2 pipeline stages** (tensor parallel 1): the same update, its minibatch of 32 cut
+   into micro-batches of `--pp-microbatch-tokens` padded tokens (4 at the defaults) that megatron-
+   core's 1F1B schedule overlaps across the stages, and its sync (each stage's layers to rank 0).
 
 Prints a table and writes the JSON. The W = 2 half runs as `torchrun --nproc-per-node 2` of this file.
 """
@@ -21,6 +24,7 @@ Prints a table and writes the JSON. The W = 2 half runs as `torchrun --nproc-per
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -83,12 +87,13 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp") -> dict:
+def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp", stages: int = 1) -> dict:
     """Under torchrun: one model size's sync, torch's state-dict sync (fsdp) and a raw broadcast, in seconds."""
     import torch.distributed as dist
 
     full = model_of(shape, tok)
-    policy = policy_class(backend)(full.config.to_dict(), 1e-5, source=full if rank0 else None)
+    kw = {"pipeline": stages} if backend == "megatron" else {}
+    policy = policy_class(backend)(full.config.to_dict(), 1e-5, source=full if rank0 else None, **kw)
     nbytes = sum(p.numel() * p.element_size() for p in full.parameters())
 
     def state_dict_sync() -> None:
@@ -125,10 +130,21 @@ def two_ranks(args) -> None:
     tok = tokenizer()
     model = build_model("small", tok)
     data = batch(args.samples, args.tokens, len(tok))
-    for backend, suffix in (("fsdp", ""), ("megatron", "_megatron")):
-        policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None)
+    piped = dataclasses.replace(SETTINGS, microbatch_tokens=args.pp_microbatch_tokens)
+    for backend, suffix, stages in (
+        ("fsdp", "", 1),
+        ("megatron", "_megatron", 1),
+        ("megatron", "_megatron_pp2", 2),
+    ):
+        if stages > 1:  # megatron-core's parallel state, set up for tensor parallel 2 above, anew
+            from megatron.core import parallel_state
+
+            parallel_state.destroy_model_parallel()
+        kw = {"pipeline": stages} if backend == "megatron" else {}
+        policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None, **kw)
+        settings = piped if stages > 1 else SETTINGS
         s = median_time(
-            lambda p=policy: p.update(data, SETTINGS, pad_id=tok.pad_token_id, seed=0, stale=None),
+            lambda p=policy, st=settings: p.update(data, st, pad_id=tok.pad_token_id, seed=0, stale=None),
             args.repeats,
         )
         out["update" + suffix] = {
@@ -136,7 +152,9 @@ def two_ranks(args) -> None:
             "samples_per_s": args.samples / s,
             "threads": torch.get_num_threads(),
         }
-        out["sync" + suffix] = [sync_sizes(shape, tok, rank0, args.repeats, backend) for shape in SHAPES]
+        out["sync" + suffix] = [
+            sync_sizes(shape, tok, rank0, args.repeats, backend, stages) for shape in SHAPES
+        ]
     if rank0:
         Path(args.worker_out).write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -147,6 +165,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--pp-microbatch-tokens", type=int, default=2048, help="micro-batch size of the pipeline arm"
+    )
     ap.add_argument("--out", default=str(ROOT / "docs/results/ranks-results.json"))
     ap.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -157,6 +178,7 @@ def main() -> None:
         worker_out = Path(tmp) / "w2.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
                f"--samples={args.samples}", f"--tokens={args.tokens}", f"--repeats={args.repeats}",
+               f"--pp-microbatch-tokens={args.pp_microbatch_tokens}",
                f"--worker-out={worker_out}"]  # fmt: skip
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         w2 = json.loads(worker_out.read_text())
@@ -164,7 +186,10 @@ def main() -> None:
               "tokens": args.tokens, "update_w1": w1, "update_w2": w2["update"], "sync": w2["sync"],
               "update_w2_over_w1_speed": w1["update_s"] / w2["update"]["update_s"],
               "update_megatron_tp2": w2["update_megatron"], "sync_megatron": w2["sync_megatron"],
-              "update_megatron_tp2_over_w1_speed": w1["update_s"] / w2["update_megatron"]["update_s"]}  # fmt: skip
+              "update_megatron_tp2_over_w1_speed": w1["update_s"] / w2["update_megatron"]["update_s"],
+              "pp_microbatch_tokens": args.pp_microbatch_tokens,
+              "update_megatron_pp2": w2["update_megatron_pp2"], "sync_megatron_pp2": w2["sync_megatron_pp2"],
+              "update_megatron_pp2_over_w1_speed": w1["update_s"] / w2["update_megatron_pp2"]["update_s"]}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"update ({args.samples} × {args.tokens} tokens, small preset): W=1 {w1['update_s']:.2f} s "
           f"({w1['samples_per_s']:.1f} samples/s, {w1['threads']} threads)  W=2 {w2['update']['update_s']:.2f} s "
@@ -180,6 +205,12 @@ def main() -> None:
     print(f"megatron, tensor parallel 2: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
           f"speed / W=1 {result['update_megatron_tp2_over_w1_speed']:.2f}; its sync:")  # fmt: skip
     for r in w2["sync_megatron"]:
+        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
+              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+    m = w2["update_megatron_pp2"]
+    print(f"megatron, 2 pipeline stages ({args.pp_microbatch_tokens}-token micro-batches): update {m['update_s']:.2f} s "
+          f"({m['samples_per_s']:.1f} samples/s), speed / W=1 {result['update_megatron_pp2_over_w1_speed']:.2f}; its sync:")  # fmt: skip
+    for r in w2["sync_megatron_pp2"]:
         print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
               f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
 

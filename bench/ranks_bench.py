@@ -201,18 +201,17 @@ def main() -> None:
     for r in w2["sync"]:
         print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {r['state_dict_sync_s']:12.3f} "
               f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
-    m = w2["update_megatron"]
-    print(f"megatron, tensor parallel 2: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
-          f"speed / W=1 {result['update_megatron_tp2_over_w1_speed']:.2f}; its sync:")  # fmt: skip
-    for r in w2["sync_megatron"]:
-        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
-              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
-    m = w2["update_megatron_pp2"]
-    print(f"megatron, 2 pipeline stages ({args.pp_microbatch_tokens}-token micro-batches): update {m['update_s']:.2f} s "
-          f"({m['samples_per_s']:.1f} samples/s), speed / W=1 {result['update_megatron_pp2_over_w1_speed']:.2f}; its sync:")  # fmt: skip
-    for r in w2["sync_megatron_pp2"]:
-        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
-              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+    for key, name, speed in (
+        ("megatron", "tensor parallel 2", "update_megatron_tp2_over_w1_speed"),
+        ("megatron_pp2", f"2 pipeline stages ({args.pp_microbatch_tokens}-token micro-batches)",
+         "update_megatron_pp2_over_w1_speed"),
+    ):  # fmt: skip
+        m = w2["update_" + key]
+        print(f"megatron, {name}: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
+              f"speed / W=1 {result[speed]:.2f}; its sync:")  # fmt: skip
+        for r in w2["sync_" + key]:
+            print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
+                  f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ receives only its share of rank 0's HF weights, converted on rank 0 one rank at 
 buckets (`mgrpo.parallel.transport`; a resumed optimizer state's moments the same way); every rank
 then runs the same `ppo_update` on every row of the step (tensor parallelism splits each layer and
 the stages the layers, not the batch; with P > 1 the update's micro-batches go through megatron-
-core's 1F1B schedule, `mgrpo.parallel.megatron_pipeline`). Out of it come the HF names the rest of the system knows: `sync_into` gathers the shards
+core's 1F1B schedule, `mgrpo.parallel.megatron_pipeline`). Out of it come the HF names the rest of
+the system knows: `sync_into` gathers the shards
 in buckets and copies them, converted, into rank 0's full HF model (the rollout engine's), and the
 optimizer state is converted the same way as the weights — per parameter `exp_avg` and `exp_avg_sq`
 — to the full, FQN-keyed form FSDP2 writes, so a checkpoint of either backend on any W resumes on

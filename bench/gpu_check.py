@@ -89,14 +89,8 @@ def check_fsdp(device: torch.device, size: str, batch: int, seq: int) -> dict[st
 
 
 def check_megatron(device: torch.device) -> dict[str, Any]:
-    from mgrpo.parallel.megatron import (
-        MegatronCausalLM,
-        cpu_shim,
-        hf_to_megatron,
-        load_into,
-        megatron_to_hf,
-        tensor_parallel,
-    )
+    from mgrpo.parallel.megatron import hf_to_megatron, megatron_to_hf
+    from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, tensor_parallel
 
     tensor_parallel(1)
     hf = model_of("quick", device)

@@ -10,8 +10,8 @@ handed the loss times that number: the accumulated gradients are those of the lo
 What the last stage reports (its metrics, or its log-probs) is sent to every rank, so every rank
 returns the same, as `ppo_update` expects of every backend.
 
-On the CPU the schedule runs inside `cpu_shim` (mgrpo.parallel.megatron's docstring says what it
-changes); on GPUs as is."""
+On the CPU the schedule runs inside `cpu_shim` (mgrpo.parallel.megatron_model's docstring says what
+it changes); on GPUs as is."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _run(model: Any, inputs: Inputs, loss_fn: Callable[[int, torch.Tensor], tupl
     """One pass of the schedule; what `loss_fn` kept per micro-batch on the last stage ([] elsewhere)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from mgrpo.parallel.megatron import causal_mask, cpu_shim
+    from mgrpo.parallel.megatron_model import causal_mask, cpu_shim
 
     n = len(inputs)
 

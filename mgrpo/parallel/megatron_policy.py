@@ -15,7 +15,7 @@ optimizer state is converted the same way as the weights — per parameter `exp_
 — to the full, FQN-keyed form FSDP2 writes, so a checkpoint of either backend on any W resumes on
 the other.
 
-On the CPU the model runs inside `cpu_shim` (gloo; see mgrpo.parallel.megatron); on GPUs as is."""
+On the CPU the model runs inside `cpu_shim` (gloo; see mgrpo.parallel.megatron_model); on GPUs as is."""
 
 from __future__ import annotations
 
@@ -29,17 +29,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
 from mgrpo.parallel.group import device
-from mgrpo.parallel.megatron import (
-    MegatronCausalLM,
-    copy_into_hf,
-    cpu_shim,
-    empty_hf,
-    hf_to_megatron,
-    load_into,
-    model_parallel,
-    place,
-    tie_hf,
-)
+from mgrpo.parallel.megatron import copy_into_hf, empty_hf, hf_to_megatron, place, tie_hf
+from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, model_parallel
 from mgrpo.parallel.transport import Transport
 from mgrpo.training import UpdateSettings, ppo_update
 

@@ -1,4 +1,4 @@
-"""The megatron-core backend's model side (`mgrpo.parallel.megatron`): HF Qwen3 ↔ Megatron names and
+"""The megatron-core backend (`mgrpo.parallel.megatron`, `.megatron_model`, `.megatron_pipeline`): HF Qwen3 ↔ Megatron names and
 layouts round-trip bit for bit on 1, 2 and 4 tensor-parallel ranks and 1 or 2 pipeline stages (tied
 and untied, a vocabulary that needs padding); a GPTModel split over 2 tensor-parallel ranks (two
 processes under torchrun, gloo) gives the HF model's logits and, trained by `ppo_update` with the

@@ -1,0 +1,244 @@
+"""The megatron-core backend's model: megatron-core's `TransformerConfig` and parallel state for an HF
+Qwen3 config, the `GPTModel` share of one rank (`build_gpt`), and `MegatronCausalLM`, the calls the
+trainer makes of it. The weights' names and layouts, and their conversion, are
+`mgrpo.parallel.megatron`.
+
+On CPU (`cpu_shim`): megatron-core places a few buffers with `torch.cuda.current_device()` (RoPE's
+frequencies, the tensor-parallel all-gathers, the pipeline's receive buffers) and forks a CUDA RNG
+state around attention dropout; the shim answers the first with the CPU and makes the fork a no-op
+(dropout is 0 here). For pipeline parallelism it also makes `torch.cuda.synchronize()` (after each
+exchange of activation shapes) a no-op, `Tensor.cuda()` (where the last stage's copy of a tied
+embedding is moved before its first all-reduce) the tensor itself, and places the 1F1B schedule's
+token counter (`torch.zeros(…, device="cuda")`) on the CPU. Nothing else of megatron-core changes:
+the same modules, the same schedule, the same collectives (gloo), the same numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mgrpo.parallel.megatron import attention_shape, check_split, padded_vocab
+
+
+def transformer_config(cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32, pp: int = 1) -> Any:
+    """megatron-core's TransformerConfig for an HF Qwen3 config (no dropout: RL fine-tuning); with
+    `pp` stages, activations of any length pass between them (`variable_seq_lengths`)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    heads, groups, d = attention_shape(cfg)
+    return TransformerConfig(
+        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
+        num_attention_heads=heads, num_query_groups=groups, kv_channels=d,
+        normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, qk_layernorm=True,
+        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
+        params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+        pipeline_model_parallel_size=pp, pipeline_dtype=dtype, variable_seq_lengths=pp > 1,
+        moe_token_dispatcher_type="alltoall",  # no experts here; the default refuses variable lengths
+    )  # fmt: skip
+
+
+def rope_theta(cfg: Any) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+def model_parallel(tp: int, pp: int = 1, seed: int = 1234) -> None:
+    """megatron-core's parallel state for `tp` tensor-parallel ranks on each of `pp` pipeline stages
+    over the whole group (once per process); on GPUs also its tensor-parallel CUDA RNG states (the CPU
+    shim needs none)."""
+    from megatron.core import parallel_state
+    from megatron.core import tensor_parallel as mtp
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
+        if torch.cuda.is_available():
+            mtp.model_parallel_cuda_manual_seed(seed)
+        return
+    have = (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+    if have != (tp, pp):
+        raise RuntimeError(f"megatron-core is set up for (tensor, pipeline) parallel {have}, not {(tp, pp)}")
+
+
+def tensor_parallel(tp: int, seed: int = 1234) -> None:
+    """`model_parallel` with one pipeline stage."""
+    model_parallel(tp, 1, seed)
+
+
+def build_gpt(
+    cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32, pp: int = 1, stage: int = 0
+) -> torch.nn.Module:
+    """An (untrained) megatron-core GPTModel shaped like the HF Qwen3 config: this rank's share of T
+    tensor-parallel ranks on pipeline stage `stage` of `pp` (megatron's parallel state must be
+    initialised so)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    check_split(cfg, tp, pp)
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    return GPTModel(
+        transformer_config(cfg, tp, dtype, pp), spec, vocab_size=padded_vocab(cfg, tp),
+        max_sequence_length=cfg.max_position_embeddings, position_embedding_type="rope",
+        rotary_base=int(rope_theta(cfg)), share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+        parallel_output=False, pre_process=stage == 0, post_process=stage == pp - 1,
+    )  # fmt: skip
+
+
+def load_into(model: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
+    """Copy a rank's converted shard into its GPTModel; every parameter must be covered."""
+    missing, unexpected = model.load_state_dict(shard, strict=False)
+    missing = [m for m in missing if not m.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(
+            f"the converted state does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def causal_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: int
+) -> torch.Tensor:
+    """Next-token logits [b, s, vocab] of a GPTModel over left-padded rows, as the HF model gives them:
+    a token sees only earlier real tokens. No positions are passed: megatron's RoPE numbers the tokens
+    by their index, and RoPE's attention depends only on the distance between two tokens, so a left-
+    padded row's offset changes nothing (HF's positions counted from the first real token give the
+    same logits on every real token; tested)."""
+    return model(input_ids, None, attention_mask=causal_mask(attention_mask))[..., :vocab]
+
+
+def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """megatron-core's attention mask [b, 1, s, s] (True = not attended) of left-padded rows: a token
+    sees itself and earlier real tokens; a padding token only itself (not NaN)."""
+    real = attention_mask.bool()
+    s = attention_mask.shape[1]
+    future = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).triu(1)
+    masked = future[None, None] | ~real[:, None, None, :]
+    return masked & ~torch.eye(s, dtype=torch.bool, device=attention_mask.device)
+
+
+def _zeros_on_cpu(zeros: Any) -> Any:
+    def placed(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if str(kwargs.get("device")) == "cuda":
+            kwargs["device"] = "cpu"
+        return zeros(*args, **kwargs)
+
+    return placed
+
+
+@contextlib.contextmanager
+def cpu_shim() -> Iterator[None]:
+    """Run megatron-core on the CPU (see the module docstring) while inside: `torch.cuda.current_device()`
+    is the CPU, `torch.cuda.synchronize()` and the tensor-parallel RNG fork no-ops, `Tensor.cuda()`
+    the tensor itself, and `torch.zeros(…, device="cuda")` a CPU tensor."""
+    from megatron.core import tensor_parallel
+
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    saved = torch.cuda.current_device, tracker.fork, torch.cuda.synchronize, torch.Tensor.cuda, torch.zeros
+    setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))  # noqa: B010
+    setattr(torch.cuda, "synchronize", lambda *a, **k: None)  # noqa: B010
+    setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)  # noqa: B010
+    setattr(torch, "zeros", _zeros_on_cpu(saved[4]))  # noqa: B010
+    tracker.fork = lambda *a, **k: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        setattr(torch.cuda, "current_device", saved[0])  # noqa: B010
+        tracker.fork = saved[1]
+        setattr(torch.cuda, "synchronize", saved[2])  # noqa: B010
+        setattr(torch.Tensor, "cuda", saved[3])  # noqa: B010
+        setattr(torch, "zeros", saved[4])  # noqa: B010
+
+
+class MegatronCausalLM(torch.nn.Module):
+    """A GPTModel on T tensor-parallel ranks (on one of P pipeline stages) behind the calls the trainer
+    makes, so `ppo_update` trains it with the one loss. With one stage, the HF causal-LM call
+    (`model(input_ids=…, attention_mask=…, position_ids=…).logits`); with P > 1 (`pipelined`),
+    megatron-core's 1F1B schedule over the micro-batches (`train_pipeline`, `logprobs`;
+    `mgrpo.parallel.megatron_pipeline`). Every rank runs the same update on the same rows; the
+    gradient norm it clips by is the whole model's (`clip_grad_norm_`)."""
+
+    def __init__(
+        self, cfg: Any, tp: int = 1, dtype: torch.dtype = torch.float32, pp: int = 1, stage: int = 0
+    ) -> None:
+        super().__init__()
+        self.config, self.vocab = cfg, cfg.vocab_size
+        self.pp, self.stage = pp, stage
+        self.gpt = build_gpt(cfg, tp, dtype, pp, stage)
+
+    @property
+    def pipelined(self) -> bool:
+        return self.pp > 1
+
+    def train_pipeline(
+        self, inputs: list[tuple[torch.Tensor, torch.Tensor]], loss_fn: Any
+    ) -> list[dict[str, float]]:
+        from mgrpo.parallel.megatron_pipeline import train_pipeline
+
+        return train_pipeline(self, inputs, loss_fn)
+
+    def logprobs(
+        self, inputs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float
+    ) -> list[torch.Tensor]:
+        from mgrpo.parallel.megatron_pipeline import pipeline_logprobs
+
+        return pipeline_logprobs(self, inputs, temperature)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: Any = None, **_: Any
+    ) -> Any:
+        from types import SimpleNamespace
+
+        with cpu_shim() if self.device.type == "cpu" else contextlib.nullcontext():
+            logits = causal_logits(self.gpt, input_ids, attention_mask, self.vocab)  # position_ids: see there
+            return SimpleNamespace(logits=logits)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Finish the gradients, then clip them by the whole model's norm. Finishing is what
+        megatron-core's `finalize_model_grads` does for this layout: a q/k layernorm weight is held by
+        every tensor-parallel rank but each sees only its own heads, so its gradient is summed over the
+        group; a tied embedding's two copies (first and last stage) get the sum of their gradients.
+        The norm: a tensor-parallel shard's squares summed over the group, a replicated weight counted
+        once, the last stage's copy of a tied embedding not at all, the stages' parts summed."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        tp_group, tp = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
+        for name, p in self.gpt.named_parameters():
+            if tp > 1 and p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                dist.all_reduce(p.grad, group=tp_group)
+        if self.pp > 1 and self.config.tie_word_embeddings and ps.is_rank_in_embedding_group():
+            shared: torch.Tensor = self.gpt.shared_embedding_or_output_weight()  # type: ignore[operator]
+            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        grads = [
+            (p.grad, getattr(p, "tensor_model_parallel", False))
+            for p in self.parameters()
+            if p.grad is not None and not getattr(p, "shared", False)  # `shared`: the last stage's copy
+        ]
+        split = sum((g.float().pow(2).sum() for g, tp_split in grads if tp_split), torch.zeros(()))
+        whole = sum((g.float().pow(2).sum() for g, tp_split in grads if not tp_split), torch.zeros(()))
+        if tp > 1:
+            dist.all_reduce(split, group=tp_group)
+        squares = split + whole
+        if self.pp > 1:
+            dist.all_reduce(squares, group=ps.get_pipeline_model_parallel_group())
+        norm = squares.sqrt()
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale.to(p.grad.dtype))
+        return norm

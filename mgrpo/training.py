@@ -20,7 +20,9 @@ Micro-batches (`microbatch_tokens` > 0): a rank's rows of a minibatch are sorted
 into micro-batches of at most that many padded tokens; each micro-batch's loss, over its own
 denominator, is scaled by its part of the minibatch's denominator before its backward, so the
 accumulated gradient — and the one optimizer step — are those of the whole minibatch, with less
-padding and one micro-batch's activations in memory at a time.
+padding and one micro-batch's activations in memory at a time. On W ranks every rank runs as many
+micro-batches as the rank with the most (`equal_count`: its largest split, then weight-0 fillers), as
+each forward's collectives (FSDP2's all-gathers, the experts' dispatch) must pair up across ranks.
 
 Pipeline parallelism (a model with `pipelined` set: the megatron-core backend on P > 1 stages): the
 same micro-batches and weights, but the model's schedule runs them (`train_pipeline`: 1F1B, the loss
@@ -156,6 +158,25 @@ def compiled_forward(model: PreTrainedModel) -> Callable[..., Any]:
     return fn
 
 
+def equal_count(cuts: list[list[int]], n: int) -> tuple[list[list[int]], int]:
+    """`cuts` (a rank's micro-batches) made `n`, for a rank with fewer than another: the micro-batch
+    with the most rows split in two (each half within the token bound) while one has two rows, then
+    fillers — its first row again, to train with weight 0 — after the real ones; and how many are
+    real."""
+    out = [list(c) for c in cuts]
+    while len(out) < n and any(len(c) > 1 for c in out):
+        j = max(range(len(out)), key=lambda i: len(out[i]))
+        half = len(out[j]) // 2
+        out[j : j + 1] = [out[j][:half], out[j][half:]]
+    return out + [out[0][:1]] * (n - len(out)), len(out)
+
+
+def _max_over_ranks(n: int, device: torch.device) -> int:
+    count = torch.tensor([n], dtype=torch.long, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count)
+
+
 def microbatches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """The row indices of a minibatch cut into micro-batches for the forward/backward: sorted by length
     (stable) and filled while the micro-batch's padded size (rows × its longest row) stays within
@@ -199,11 +220,14 @@ def _minibatch(
         share = 0.0 if idle else agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg) / max(total, 1)
     optimizer.zero_grad()
     cuts = microbatches([len(t) for t, _ in batch_samples], s.microbatch_tokens)
+    n_real = len(cuts)
+    if world > 1:  # every rank runs as many forwards (their collectives pair up)
+        cuts, n_real = equal_count(cuts, _max_over_ranks(len(cuts), model.device))
     micro = [[batch_samples[i] for i in idx] for idx in cuts]
     micro_prox = [None if prox is None else [prox[i] for i in idx] for idx in cuts]
     weights = [
-        0.0 if idle else agg_count([t.mask[1:] for t, _ in part], s.loss_agg) / total if total else len(part) / len(batch_samples)
-        for part in micro
+        0.0 if idle or j >= n_real else agg_count([t.mask[1:] for t, _ in part], s.loss_agg) / total if total else len(part) / len(batch_samples)
+        for j, part in enumerate(micro)
     ]  # fmt: skip
     if getattr(model, "pipelined", False):  # its schedule runs the micro-batches
         part_metrics = _pipelined(model, micro, weights, s, pad_id, ref_model, micro_prox)
@@ -214,7 +238,8 @@ def _minibatch(
             (loss * (weight * world)).backward()
             part_metrics.append(m)
     tokens = [0.0 if idle else float(sum(sum(t.mask[1:]) for t, _ in part)) for part in micro]
-    metrics = _combine(list(zip(part_metrics, weights, tokens, strict=True)), share)
+    parts = list(zip(part_metrics, weights, tokens, strict=True))[: max(n_real, 1)]  # not the fillers
+    metrics = _combine(parts, share)
     clip = getattr(model, "clip_grad_norm_", None)  # a tensor-parallel model clips by its whole norm
     grad_norm = (
         clip(s.max_grad_norm) if clip else torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)
@@ -334,15 +359,20 @@ def _pipelined(
 
 
 def reduce_metrics(metrics: dict[str, float], share: float) -> dict[str, float]:
-    """One minibatch's metrics over the ranks: the means weighted by each rank's `share` of the loss
-    denominator (so `loss` is the minibatch's loss), `tokens` summed, `ratio_max` the max, `grad_norm`
-    (already global) as it is."""
+    """One minibatch's metrics over the ranks: the loss terms weighted by each rank's `share` of the
+    loss denominator (so `loss` is the minibatch's loss), the token means (`TOKEN_MEANS`) by each
+    rank's trained tokens (as `_combine` weights micro-batches), `tokens` summed, `ratio_max` the max,
+    `grad_norm` (already global) as it is."""
     keys = sorted(k for k in metrics if k not in ("grad_norm", "ratio_max"))
-    vals = torch.tensor(
-        [metrics[k] if k == "tokens" else metrics[k] * share for k in keys], dtype=torch.float64
-    )
+    tokens = metrics.get("tokens", 0.0)
+    weights = [1.0 if k == "tokens" else tokens if k in TOKEN_MEANS else share for k in keys]
+    vals = torch.tensor([metrics[k] * w for k, w in zip(keys, weights, strict=True)], dtype=torch.float64)
     dist.all_reduce(vals)
     out = dict(zip(keys, vals.tolist(), strict=True))
+    total = out.get("tokens", 0.0)
+    for k in TOKEN_MEANS:
+        if k in out:
+            out[k] = out[k] / total if total else 0.0
     if "ratio_max" in metrics:
         top = torch.tensor([metrics["ratio_max"] if share > 0 else 0.0], dtype=torch.float64)
         dist.all_reduce(top, op=dist.ReduceOp.MAX)

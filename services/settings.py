@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     )
     backend: Literal["fsdp", "megatron"] = Field(
         "fsdp",
-        description="How a role on W > 1 ranks holds its model: fsdp (FSDP2, data parallel) or megatron (megatron-core, tensor parallel over W / MGRPO_PIPELINE_STAGES ranks on each pipeline stage).",
+        description="How a role on W > 1 ranks holds its model: fsdp (FSDP2, data parallel) or megatron (megatron-core, tensor parallel over W / MGRPO_PIPELINE_STAGES ranks on each pipeline stage; a Qwen3-MoE model's experts over all W ranks).",
     )
     pipeline_stages: int = Field(
         1,

@@ -22,6 +22,11 @@ the first stage, the final norm and the output layer on the last; with tied embe
 holds a copy of the embedding as `output_layer.weight` (its gradient is summed with the first stage's,
 so the two stay equal; the way back takes the first stage's).
 
+Mixture of experts (HF `Qwen3MoeForCausalLM`, every layer sparse; tensor and pipeline parallel 1):
+the router `mlp.gate.weight` [E, h] → `mlp.router.weight` (every rank); expert e's `gate_up_proj[e]`
+[2f, h] ([gate; up], as megatron's fc1) and `down_proj[e]` [h, f] → `mlp.experts.local_experts.j.
+linear_fc1.weight` / `linear_fc2.weight` on expert-parallel rank e // (E / EP), j = e mod (E / EP).
+
 Every move is a slice or a concatenation, so HF → Megatron → HF gives back the same tensors bit for
 bit, for every T that divides the heads, the groups and the MLP width and every P that divides the
 layers.
@@ -50,9 +55,28 @@ def padded_vocab(cfg: Any, tp: int) -> int:
     return -(-cfg.vocab_size // tp) * tp
 
 
-def check_split(cfg: Any, tp: int, pp: int = 1) -> None:
-    """Refuse a tensor-parallel (or pipeline) size that does not divide the model, saying what would."""
+def is_moe(cfg: Any) -> bool:
+    """Whether an HF config is a mixture of experts (Qwen3-MoE)."""
+    return bool(getattr(cfg, "num_experts", 0))
+
+
+def check_split(cfg: Any, tp: int, pp: int = 1, ep: int = 1) -> None:
+    """Refuse a tensor-parallel, pipeline or expert-parallel size that does not fit the model, saying
+    what would."""
     heads, groups, _ = attention_shape(cfg)
+    if is_moe(cfg):
+        if tp > 1 or pp > 1:
+            raise ValueError(
+                "a mixture-of-experts model splits its experts over the ranks (expert parallel): leave MGRPO_PIPELINE_STAGES at 1; tensor and pipeline parallelism of its experts is not built"
+            )
+        if cfg.num_experts % ep:
+            raise ValueError(
+                f"expert parallel size {ep} must divide the model's experts (num_experts), {cfg.num_experts}"
+            )
+        if getattr(cfg, "mlp_only_layers", None) or getattr(cfg, "decoder_sparse_step", 1) != 1:
+            raise ValueError(
+                "every layer of a mixture-of-experts model must be sparse (mlp_only_layers [], decoder_sparse_step 1)"
+            )
     if cfg.num_hidden_layers % pp:
         raise ValueError(
             f"pipeline parallel size {pp} must divide the model's layers (num_hidden_layers), {cfg.num_hidden_layers}"
@@ -80,11 +104,18 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def hf_to_megatron(
-    hf: dict[str, torch.Tensor], cfg: Any, tp: int = 1, rank: int = 0, pp: int = 1, stage: int = 0
+    hf: dict[str, torch.Tensor],
+    cfg: Any,
+    tp: int = 1,
+    rank: int = 0,
+    pp: int = 1,
+    stage: int = 0,
+    ep: int = 1,
+    expert_rank: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """Tensor-parallel rank `rank` of `tp` on pipeline stage `stage` of `pp`: its share of an HF Qwen3
-    state dict, in megatron-core names."""
-    check_split(cfg, tp, pp)
+    """Tensor-parallel rank `rank` of `tp` on pipeline stage `stage` of `pp` (and expert-parallel rank
+    `expert_rank` of `ep`): its share of an HF Qwen3 (or Qwen3-MoE) state dict, in megatron-core names."""
+    check_split(cfg, tp, pp, ep)
     heads, groups, d = attention_shape(cfg)
     per_group = heads // groups
     first, last = stage == 0, stage == pp - 1
@@ -104,7 +135,7 @@ def hf_to_megatron(
         k = hf[f"{src}.self_attn.k_proj.weight"].view(groups, d, -1)
         v = hf[f"{src}.self_attn.v_proj.weight"].view(groups, d, -1)
         qkv = torch.cat([q, k, v], dim=1)  # [G, (Q/G + 2)·d, h]
-        gate, up = hf[f"{src}.mlp.gate_proj.weight"], hf[f"{src}.mlp.up_proj.weight"]
+        out |= _mlp(hf, cfg, src, dst, tp, rank, ep, expert_rank)
         out |= {
             f"{dst}.input_layernorm.weight": hf[f"{src}.input_layernorm.weight"],
             f"{dst}.self_attention.linear_qkv.weight": _rows(qkv, tp, rank).reshape(-1, qkv.shape[-1]),
@@ -112,10 +143,27 @@ def hf_to_megatron(
             f"{dst}.self_attention.k_layernorm.weight": hf[f"{src}.self_attn.k_norm.weight"],
             f"{dst}.self_attention.linear_proj.weight": _cols(hf[f"{src}.self_attn.o_proj.weight"], tp, rank),
             f"{dst}.pre_mlp_layernorm.weight": hf[f"{src}.post_attention_layernorm.weight"],
+        }
+    return {name: t.clone() for name, t in out.items()}
+
+
+def _mlp(hf: dict[str, torch.Tensor], cfg: Any, src: str, dst: str, tp: int, rank: int, ep: int,
+         expert_rank: int) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A layer's MLP share: the dense one split by tensor parallelism, or the router and this expert-
+    parallel rank's experts."""
+    if not is_moe(cfg):
+        gate, up = hf[f"{src}.mlp.gate_proj.weight"], hf[f"{src}.mlp.up_proj.weight"]
+        return {
             f"{dst}.mlp.linear_fc1.weight": torch.cat([_rows(gate, tp, rank), _rows(up, tp, rank)]),
             f"{dst}.mlp.linear_fc2.weight": _cols(hf[f"{src}.mlp.down_proj.weight"], tp, rank),
         }
-    return {name: t.clone() for name, t in out.items()}
+    local = cfg.num_experts // ep
+    out = {f"{dst}.mlp.router.weight": hf[f"{src}.mlp.gate.weight"]}
+    for j in range(local):
+        e, expert = expert_rank * local + j, f"{dst}.mlp.experts.local_experts.{j}"
+        out[f"{expert}.linear_fc1.weight"] = hf[f"{src}.mlp.experts.gate_up_proj"][e]
+        out[f"{expert}.linear_fc2.weight"] = hf[f"{src}.mlp.experts.down_proj"][e]
+    return out
 
 
 def stage_layers(cfg: Any, pp: int, stage: int) -> range:
@@ -179,12 +227,16 @@ def copy_into_hf(
     hf: dict[str, torch.Tensor],
     pp: int = 1,
     stage: int = 0,
+    ep: int = 1,
+    expert_rank: int = 0,
 ) -> None:
     """Copy the megatron-named tensors `part` (any of its names) of tensor-parallel rank `rank` of `tp`
-    on pipeline stage `stage` of `pp` into their places in the full HF tensors `hf`, in place: every
-    element once, no intermediate tensor (the weight sync's path). The tensors every tensor-parallel
-    rank holds (the norms) are taken from rank 0's; a tied embedding from the first stage's."""
+    on pipeline stage `stage` of `pp` (expert-parallel rank `expert_rank` of `ep`) into their places in
+    the full HF tensors `hf`, in place: every element once, no intermediate tensor (the weight sync's
+    path). The tensors every tensor-parallel rank holds (the norms) are taken from rank 0's; a tied
+    embedding from the first stage's."""
     offset = stage_layers(cfg, pp, stage).start
+    local = cfg.num_experts // ep if is_moe(cfg) else 0
     for name, t in part.items():
         layer, _, suffix = name.removeprefix(f"{PREFIX}.").partition(".")
         if not name.startswith(f"{PREFIX}."):  # outside the layers: the whole name
@@ -198,6 +250,10 @@ def copy_into_hf(
             _put_qkv(hf, src, t, cfg, tp, rank)
         elif suffix in _COLS:
             _put_cols(hf[f"{src}.{_COLS[suffix]}"], t, rank)
+        elif suffix.startswith("mlp.experts.local_experts."):
+            j, _, fc = suffix.removeprefix("mlp.experts.local_experts.").partition(".")
+            which = "gate_up_proj" if fc == "linear_fc1.weight" else "down_proj"
+            hf[f"{src}.mlp.experts.{which}"][expert_rank * local + int(j)].copy_(t)
         elif suffix == "mlp.linear_fc1.weight":
             gate, up = t.chunk(2)
             _put_rows(hf[f"{src}.mlp.gate_proj.weight"], gate, rank)
@@ -213,6 +269,7 @@ _REPLICATED = {
     "self_attention.q_layernorm.weight": "{src}.self_attn.q_norm.weight",
     "self_attention.k_layernorm.weight": "{src}.self_attn.k_norm.weight",
     "pre_mlp_layernorm.weight": "{src}.post_attention_layernorm.weight",
+    "mlp.router.weight": "{src}.mlp.gate.weight",
 }
 
 
@@ -234,7 +291,15 @@ def tie_hf(hf: dict[str, torch.Tensor], cfg: Any) -> dict[str, torch.Tensor]:
 
 def megatron_to_hf(shards: list[dict[str, torch.Tensor]], cfg: Any, pp: int = 1) -> dict[str, torch.Tensor]:
     """The HF Qwen3 state dict of a model held as `shards`, one per rank in global order (T = len / `pp`
-    tensor-parallel ranks on each of `pp` stages), in fresh memory."""
+    tensor-parallel ranks on each of `pp` stages; a mixture of experts: len expert-parallel ranks), in
+    fresh memory."""
+    if is_moe(cfg):
+        ep = len(shards)
+        check_split(cfg, 1, 1, ep)
+        out = empty_hf(cfg, next(iter(shards[0].values())))
+        for r, shard in enumerate(shards):
+            copy_into_hf(shard, cfg, 1, 0, out, ep=ep, expert_rank=r)
+        return tie_hf(out, cfg)
     tp = len(shards) // pp
     check_split(cfg, tp, pp)
     out = empty_hf(cfg, next(iter(shards[0].values())))

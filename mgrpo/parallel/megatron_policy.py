@@ -1,6 +1,8 @@
 """A role's policy as a megatron-core GPTModel split over the group's W ranks (`MGRPO_BACKEND=megatron`)
 by tensor parallelism over T = W / P ranks on each of P pipeline stages (`MGRPO_PIPELINE_STAGES`,
-default 1), with the interface of the FSDP2 `ShardedPolicy`, so rank 0's service drives either the
+default 1) — a Qwen3-MoE model by expert parallelism instead: its experts over all W ranks, the rest
+replicated, each rank training its own rows of every minibatch (`ppo_update`'s data-parallel
+`shard`) — with the interface of the FSDP2 `ShardedPolicy`, so rank 0's service drives either the
 same way (`mgrpo.parallel.ranks`).
 
 Every rank builds its share of the model from the HF config (`mgrpo.parallel.megatron`) and
@@ -29,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
 from mgrpo.parallel.group import device
-from mgrpo.parallel.megatron import copy_into_hf, empty_hf, hf_to_megatron, place, tie_hf
+from mgrpo.parallel.megatron import check_split, copy_into_hf, empty_hf, hf_to_megatron, is_moe, tie_hf
 from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, model_parallel
 from mgrpo.parallel.transport import Transport
 from mgrpo.training import UpdateSettings, ppo_update
@@ -41,18 +43,12 @@ def _on_device() -> contextlib.AbstractContextManager[None]:
     return cpu_shim() if device().type == "cpu" else contextlib.nullcontext()
 
 
-def _layout(hf_config: Any, tp: int, pp: int, rank: int) -> dict[str, torch.Size]:
-    """The names and shapes of global rank `rank`'s megatron-core share (the same on every rank),
-    worked out on the meta device."""
+def _layout(hf_config: Any, share: dict[str, int]) -> dict[str, torch.Size]:
+    """The names and shapes of a rank's megatron-core `share` (the same on every rank), worked out on
+    the meta device."""
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(hf_config).state_dict()
-        return {name: t.shape for name, t in hf_to_megatron(meta, hf_config, tp, *_at(rank, tp, pp)).items()}
-
-
-def _at(rank: int, tp: int, pp: int) -> tuple[int, int, int]:
-    """(tensor-parallel rank, P, stage) of a global rank: hf_to_megatron's and copy_into_hf's last arguments."""
-    t, stage = place(rank, tp)
-    return t, pp, stage
+        return {name: t.shape for name, t in hf_to_megatron(meta, hf_config, **share).items()}
 
 
 class MegatronPolicy:
@@ -67,28 +63,51 @@ class MegatronPolicy:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if pipeline < 1 or self.world % pipeline:
             raise ValueError(f"{pipeline} pipeline stages must divide the role's {self.world} ranks")
-        self.pp, self.tp = pipeline, self.world // pipeline
         self.hf_config = AutoConfig.for_model(**config)
-        model_parallel(self.tp, self.pp)
+        self.pp, self.tp, self.ep = pipeline, self.world // pipeline, 1
+        if is_moe(self.hf_config):  # the experts split over every rank, the rest data parallel
+            self.tp, self.ep = 1, self.world
+            check_split(self.hf_config, 1, pipeline, self.ep)
+        self.dp = self.world // (self.tp * self.pp)
+        model_parallel(self.tp, self.pp, ep=self.ep)
         layouts: dict[int, dict[str, torch.Size]] = {}  # each rank's, worked out once (rank 0 asks)
 
         def layout_of(r: int) -> dict[str, torch.Size]:
             if r not in layouts:
-                layouts[r] = _layout(self.hf_config, self.tp, self.pp, r)
+                layouts[r] = _layout(self.hf_config, self.share(r))
             return layouts[r]
 
-        self.transport = Transport(bucket_mb, layout_of if self.pp > 1 else None)
+        def owned_of(r: int) -> dict[str, torch.Size]:
+            return {n: shape for n, shape in layout_of(r).items() if self._owns(r, n)}
+
+        varies = self.pp > 1 or self.ep > 1
+        self.transport = Transport(bucket_mb, layout_of if varies else None)
+        self.gather_layout = owned_of if varies else None  # what each rank sends back: its own part
         self.layout = layout_of(self.rank)
         self.model = self._split(source)
         self.ref = self._split(ref_source).requires_grad_(False).eval() if with_ref else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self._load_optimizer_state(optimizer_state)
 
+    def share(self, r: int) -> dict[str, int]:
+        """Where global rank `r`'s share sits: hf_to_megatron's and copy_into_hf's keyword arguments
+        (megatron-core's order: tensor-parallel ranks fastest, then data parallel (= expert parallel
+        here), then stages)."""
+        t, rest = r % self.tp, r // self.tp
+        return {"tp": self.tp, "rank": t, "pp": self.pp, "stage": rest // self.dp, "ep": self.ep,
+                "expert_rank": rest % self.dp if self.ep > 1 else 0}  # fmt: skip
+
+    def _owns(self, r: int, name: str) -> bool:
+        """Whether rank `r` sends `name` back (data-parallel copies: only the first rank's, but each
+        rank its own experts)."""
+        return (r // self.tp) % self.dp == 0 or ".local_experts." in name
+
     def _split(self, source: PreTrainedModel | None) -> MegatronCausalLM:
         """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""
         with _on_device():
-            _, pp, stage = _at(self.rank, self.tp, self.pp)
-            model = MegatronCausalLM(self.hf_config, self.tp, pp=pp, stage=stage).to(device())
+            at = self.share(self.rank)
+            model = MegatronCausalLM(self.hf_config, self.tp, pp=self.pp, stage=at["stage"], ep=self.ep,
+                                     dp=self.dp).to(device())  # fmt: skip
             full = source.state_dict() if source is not None else None
             load_into(model.gpt, self._scattered(full))
         return model
@@ -98,7 +117,7 @@ class MegatronPolicy:
         buckets; no rank but 0 ever holds more than its share."""
 
         def shard_of(r: int) -> dict[str, torch.Tensor]:
-            return hf_to_megatron(full or {}, self.hf_config, self.tp, *_at(r, self.tp, self.pp))
+            return hf_to_megatron(full or {}, self.hf_config, **self.share(r))
 
         like = torch.empty(0, dtype=torch.float32, device=device())
         return self.transport.scatter(shard_of if full is not None else None, self.layout, like)
@@ -110,16 +129,16 @@ class MegatronPolicy:
                 cast(PreTrainedModel, self.model),
                 cast(PreTrainedModel | None, self.ref if settings.kl_coef > 0 else None),
             )  # the HF call
-            return ppo_update(
-                model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale, ref_model=ref
-            )
+            shard = (self.rank, self.world) if self.dp > 1 else (0, 1)  # dp > 1: experts, tp = pp = 1
+            return ppo_update(model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale,
+                              ref_model=ref, shard=shard)  # fmt: skip
 
     def _gathered(
         self, local: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
         """Every rank: its megatron-named shards. Rank 0 gets them whole, HF-named: copied into `into`'s
         tensors (fresh CPU ones when None) as they arrive, in buckets; {} elsewhere."""
-        shards = {n: t.detach() for n, t in local.items()}
+        shards = {n: t.detach() for n, t in local.items() if self._owns(self.rank, n)}
         if self.rank > 0:
             self.transport.gather(shards, lambda r, part: None)
             return {}
@@ -127,9 +146,8 @@ class MegatronPolicy:
         out = into if into is not None else empty_hf(self.hf_config, like)
         self.transport.gather(
             shards,
-            lambda r, part: copy_into_hf(
-                part, self.hf_config, self.tp, r % self.tp, out, self.pp, r // self.tp
-            ),
+            lambda r, part: copy_into_hf(part, self.hf_config, hf=out, **self.share(r)),
+            self.gather_layout,
         )
         return tie_hf(out, self.hf_config) if into is None else out
 

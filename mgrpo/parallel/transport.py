@@ -71,11 +71,15 @@ class Transport:
         return buf
 
     def gather(
-        self, local: Mapping[str, torch.Tensor], put: Callable[[int, dict[str, torch.Tensor]], None]
+        self,
+        local: Mapping[str, torch.Tensor],
+        put: Callable[[int, dict[str, torch.Tensor]], None],
+        layout_of: Callable[[int], Mapping[str, torch.Size]] | None = None,
     ) -> None:
         """Every rank: its tensors. On rank 0, `put(r, part)` is called with every rank's tensors: its
         own first, whole, while the others' arrive (its copies overlap the transfer), then each other
-        rank's bucket by bucket, as views of buffers the next `gather` overwrites."""
+        rank's bucket by bucket, as views of buffers the next `gather` overwrites. `layout_of`: each
+        rank's names and shapes here, when not the transport's."""
         layout = {name: t.shape for name, t in local.items()}
         like = next(iter(local.values()))
         groups = buckets(layout, like.element_size(), self.bucket_mb)
@@ -90,7 +94,7 @@ class Transport:
                 if req is not None:
                     req.wait()
             return
-        theirs = {r: self._layout(r, layout) for r in range(1, self.world)}
+        theirs = {r: layout_of(r) if layout_of else self._layout(r, layout) for r in range(1, self.world)}
         cuts = {r: buckets(theirs[r], like.element_size(), self.bucket_mb) for r in theirs}
         pending = [  # bucket by bucket, each rank's i-th in turn: the order they arrive in
             (r, names, buf, dist.irecv(buf, src=r))

@@ -5,7 +5,7 @@ from mgrpo.batching import collate
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import build_model, token_logprobs
-from mgrpo.training import UpdateSettings, microbatches, ppo_update
+from mgrpo.training import UpdateSettings, equal_count, microbatches, ppo_update
 
 
 def sampled_transcripts(model, tokenizer, prompts):
@@ -191,3 +191,9 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tokenizer, small_tas
             assert abs(v - metrics[1][k]) < 1e-5 * max(1.0, abs(v)), (agg, k, v, metrics[1][k])
         for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
             assert torch.allclose(a, b, atol=1e-6), (agg, (a - b).abs().max())
+
+
+def test_equal_count_splits_then_fills_within_the_token_bound():
+    assert equal_count([[0, 1, 2, 3], [4]], 3) == ([[0, 1], [2, 3], [4]], 3)  # the longest split first
+    assert equal_count([[0], [1]], 4) == ([[0], [1], [0], [0]], 2)  # single rows: fillers after
+    assert equal_count([[0, 1]], 1) == ([[0, 1]], 1)

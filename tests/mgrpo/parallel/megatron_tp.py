@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from mgrpo.parallel.group import init_from_env
 from mgrpo.parallel.megatron_policy import MegatronPolicy
-from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny, tiny_moe
 
 # HF's embedding drops the gradient of the pad token's row where the pad id is an *input* (its
 # padding_idx); megatron-core's has no such row. Rollouts never feed the pad token as a real token,
@@ -37,14 +37,14 @@ def batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
+def run(policy: MegatronPolicy, tok, update: int, out: Path, model_of=tiny) -> None:
     rows, stale = samples(update, len(tok), low=NO_PAD)
     settings = SETTINGS[update]
     if policy.pp > 1:  # several micro-batches of different lengths through the schedule
         settings = dataclasses.replace(settings, microbatch_tokens=MICROBATCH_TOKENS)
     metrics = policy.update(rows, settings, pad_id=tok.pad_token_id, seed=update, stale=stale)
     weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
-    synced = tiny()[0] if dist.get_rank() == 0 else None
+    synced = model_of()[0] if dist.get_rank() == 0 else None
     if synced is not None:
         for p in synced.parameters():
             p.data.zero_()
@@ -60,19 +60,20 @@ def run(policy: MegatronPolicy, tok, update: int, out: Path) -> None:
         save(out, weights, optimizer, metrics)
 
 
-def main(out: Path, stages: int) -> None:
+def main(out: Path, stages: int, moe: bool) -> None:
     assert init_from_env(timeout_s=120)
-    hf, tok = tiny()
+    model_of = tiny_moe if moe else tiny
+    hf, tok = model_of()
     rank0 = dist.get_rank() == 0
     policy = MegatronPolicy(
         hf.config.to_dict(),
         LR,
         source=hf if rank0 else None,
         with_ref=True,
-        ref_source=reference(1) if rank0 else None,
+        ref_source=reference(1, moe) if rank0 else None,
         pipeline=stages,
     )
-    name = f"tp{dist.get_world_size() // stages}pp{stages}"
+    name = f"ep{dist.get_world_size()}" if moe else f"tp{dist.get_world_size() // stages}pp{stages}"
     ids, mask = batch(len(tok))
     with torch.no_grad():
         if stages == 1:
@@ -81,18 +82,18 @@ def main(out: Path, stages: int) -> None:
             logits = policy.model.logprobs([(ids, mask)], temperature=1.0)[0]
     if rank0:
         torch.save({"logits": logits, "ids": ids, "mask": mask}, out / f"{name}-logits.pt")
-    run(policy, tok, 0, out / f"{name}-1.pt")
-    run(policy, tok, 1, out / f"{name}-2.pt")
-    start = torch.load(out / "w1-1.pt", weights_only=False) if rank0 else None
+    run(policy, tok, 0, out / f"{name}-1.pt", model_of)
+    run(policy, tok, 1, out / f"{name}-2.pt", model_of)
+    start = torch.load(out / ("w1moe-1.pt" if moe else "w1-1.pt"), weights_only=False) if rank0 else None
     if start is not None:
         hf.load_state_dict(start["weights"])
     policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None, with_ref=True,
-                            ref_source=reference(1) if rank0 else None,
+                            ref_source=reference(1, moe) if rank0 else None,
                             optimizer_state=start["optimizer"] if start else None,
                             bucket_mb=0.05, pipeline=stages)  # fmt: skip  # weights and moments in several buckets
-    run(policy, tok, 1, out / f"w1to{name}-2.pt")
+    run(policy, tok, 1, out / f"w1to{name}-2.pt", model_of)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1, sys.argv[3:] == ["moe"])

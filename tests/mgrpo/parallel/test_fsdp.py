@@ -81,7 +81,8 @@ def test_two_ranks_train_as_one(runs):
         one, two = load(out / f"w1-{name}.pt"), load(out / f"w2-{name}.pt")
         assert_same(one["weights"], two["weights"])
         assert max_diff(one["weights"], start) > LR  # the updates moved the weights
-        for key in ("loss", "pg_loss", "tokens", "grad_norm", "ratio_max", "is_weight_mean", "kl_ref"):
+        for key in ("loss", "pg_loss", "tokens", "grad_norm", "ratio_max", "is_weight_mean", "kl_ref", "clip_frac",
+                    "approx_kl"):  # fmt: skip
             if key in one["metrics"]:
                 assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-6), key
     assert {"is_weight_mean", "kl_ref"} <= set(

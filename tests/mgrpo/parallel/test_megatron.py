@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
 from mgrpo.checkpoint import optimizer_state
 from mgrpo.models import token_logprobs
@@ -24,7 +24,7 @@ from mgrpo.parallel.megatron import check_split, hf_to_megatron, megatron_to_hf
 from mgrpo.training import ppo_update
 from tests.mgrpo.parallel.megatron_tp import NO_PAD, batch
 from tests.mgrpo.parallel.test_fsdp import assert_same, load
-from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny, tiny_moe
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,17 +67,67 @@ def test_hf_megatron_round_trip_is_exact(tp, pp, tied):
         assert torch.equal(last["output_layer.weight"][: head.shape[0] // tp], head[: head.shape[0] // tp])
 
 
+def qwen3_moe(tied: bool) -> torch.nn.Module:
+    cfg = Qwen3MoeConfig(vocab_size=331, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                         num_experts_per_tok=2, tie_word_embeddings=tied)  # fmt: skip
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_hf_megatron_round_trip_is_exact_for_experts(ep, tied):
+    model = qwen3_moe(tied)
+    hf = model.state_dict()
+    shards = [hf_to_megatron(hf, model.config, ep=ep, expert_rank=r) for r in range(ep)]
+    back = megatron_to_hf(shards, model.config)
+    assert set(back) == set(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+    last = shards[-1]  # the last rank's first expert is HF's expert 4 − 4 / ep; the router on every rank
+    experts = hf["model.layers.1.mlp.experts.gate_up_proj"]
+    assert torch.equal(
+        last["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"], experts[4 - 4 // ep]
+    )
+    assert torch.equal(last["decoder.layers.1.mlp.router.weight"], hf["model.layers.1.mlp.gate.weight"])
+    assert sum(".local_experts." in n for n in last) == 2 * 2 * 4 // ep  # layers × (fc1, fc2) × local
+
+
+def assert_update_equal(got: dict, want: dict, keys: tuple[str, ...]) -> None:
+    """The same weights (float noise) and the same metrics `keys` (where the one process has them)."""
+    assert_same(got["weights"], want["weights"])
+    for key in keys:
+        if key in want["metrics"]:
+            assert abs(got["metrics"][key] - want["metrics"][key]) < 1e-4, (
+                key,
+                got["metrics"],
+                want["metrics"],
+            )
+
+
+def assert_moments_equal(got: dict, want: dict) -> None:
+    assert set(got["state"]) == set(want["state"])
+    for name, s in want["state"].items():
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert (got["state"][name][m] - s[m]).abs().max() < 1e-6 + 1e-3 * s[m].abs().max(), (name, m)
+
+
 def test_a_split_that_does_not_divide_the_model_is_refused():
     with pytest.raises(ValueError, match="must divide the model's query groups"):
         check_split(qwen3(True).config, 8)
     with pytest.raises(ValueError, match="must divide the model's layers"):
         check_split(qwen3(True).config, 1, 3)
+    with pytest.raises(ValueError, match="must divide the model's experts"):
+        check_split(qwen3_moe(True).config, 1, 1, 3)
+    with pytest.raises(ValueError, match="leave MGRPO_PIPELINE_STAGES at 1"):
+        check_split(qwen3_moe(True).config, 1, 2, 1)
 
 
-def _torchrun(out: Path, ranks: int, stages: int) -> None:
+def _torchrun(out: Path, ranks: int, stages: int, *extra: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out), str(stages)]  # fmt: skip
+           str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out), str(stages), *extra]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
@@ -101,6 +151,22 @@ def one_process(tmp_path_factory):
             ref_model=reference(update),
         )
         save(out / f"w1-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ep2(tmp_path_factory):
+    """A tiny Qwen3-MoE: the two updates in this process, then its experts split over 2 ranks (each
+    training its own rows, the dense part data parallel) under torchrun."""
+    out = tmp_path_factory.mktemp("megatron-moe")
+    model, tok = tiny_moe()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    for update in (0, 1):
+        rows, stale = samples(update, len(tok), low=NO_PAD)
+        m = ppo_update(model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale,
+                       ref_model=reference(update, moe=True))  # fmt: skip
+        save(out / f"w1moe-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
+    _torchrun(out, 2, 1, "moe")
     return out
 
 
@@ -171,14 +237,7 @@ def test_pipeline_parallel_updates_equal_hf(tp2pp2, update):
     the HF model's weights and metrics — the gradient norm is the whole model's, over stages and ranks,
     the tied embedding's two copies (first and last stage) trained as one."""
     got, want = load(tp2pp2 / f"tp2pp2-{update}.pt"), load(tp2pp2 / f"w1-{update}.pt")
-    assert_same(got["weights"], want["weights"])
-    for key in ("loss", "grad_norm", "clip_frac", "kl_ref"):
-        if key in want["metrics"]:
-            assert abs(got["metrics"][key] - want["metrics"][key]) < 1e-4, (
-                key,
-                got["metrics"],
-                want["metrics"],
-            )
+    assert_update_equal(got, want, ("loss", "grad_norm", "clip_frac", "kl_ref"))
 
 
 def test_pipeline_parallel_resumes_a_one_process_state(tp2pp2):
@@ -186,8 +245,30 @@ def test_pipeline_parallel_resumes_a_one_process_state(tp2pp2):
     stage its own layers), and update 2 on them: the one-process update 2; the moments gathered back
     match the one-process ones."""
     got, want = load(tp2pp2 / "tp2pp2-1.pt")["optimizer"], load(tp2pp2 / "w1-1.pt")["optimizer"]
-    assert set(got["state"]) == set(want["state"])
-    for name, s in want["state"].items():
-        for m in ("exp_avg", "exp_avg_sq"):
-            assert (got["state"][name][m] - s[m]).abs().max() < 1e-6 + 1e-3 * s[m].abs().max(), (name, m)
+    assert_moments_equal(got, want)
     assert_same(load(tp2pp2 / "w1totp2pp2-2.pt")["weights"], load(tp2pp2 / "w1-2.pt")["weights"])
+
+
+def test_experts_over_two_ranks_give_the_hf_logits(ep2):
+    hf, _ = tiny_moe()
+    got = torch.load(ep2 / "ep2-logits.pt")
+    with torch.no_grad():
+        position_ids = (got["mask"].cumsum(-1) - 1).clamp(min=0)
+        want = hf(input_ids=got["ids"], attention_mask=got["mask"], position_ids=position_ids).logits
+    real = got["mask"].bool()
+    assert (got["logits"][real] - want[real]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("update", [1, 2])
+def test_experts_over_two_ranks_update_as_one_process(ep2, update):
+    """The same PPO updates of the Qwen3-MoE in one process and with its experts on 2 ranks (rows split
+    between them, each rank's batch padded to the other's shape for the experts' dispatch, the dense
+    gradients averaged, each expert's from both ranks' tokens): the same weights and metrics."""
+    got, want = load(ep2 / f"ep2-{update}.pt"), load(ep2 / f"w1moe-{update}.pt")
+    assert_update_equal(got, want, ("loss", "grad_norm", "clip_frac", "approx_kl", "kl_ref", "tokens"))
+
+
+def test_experts_over_two_ranks_resume_a_one_process_state(ep2):
+    got, want = load(ep2 / "ep2-1.pt")["optimizer"], load(ep2 / "w1moe-1.pt")["optimizer"]
+    assert_moments_equal(got, want)
+    assert_same(load(ep2 / "w1toep2-2.pt")["weights"], load(ep2 / "w1moe-2.pt")["weights"])

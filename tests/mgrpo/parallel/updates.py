@@ -20,18 +20,38 @@ SETTINGS = (
     UpdateSettings(
         minibatch_size=4, ppo_epochs=2
     ),  # 5 samples: the last minibatch of 1 leaves rank 1 a weight-0 row
-    UpdateSettings(minibatch_size=3, ppo_epochs=1, loss_agg="token-mean", kl_coef=0.05),  # KL to the start
+    # KL to the start; micro-batches of ≤ 30 padded tokens: at W = 2 one rank cuts 2 where the other
+    # cuts 1 (rows of 6 and 22 tokens against one of 17), so ranks must even out their forwards
+    UpdateSettings(minibatch_size=3, ppo_epochs=1, loss_agg="token-mean", kl_coef=0.05, microbatch_tokens=30),
 )
 
 
-def reference(update: int) -> torch.nn.Module | None:
+def reference(update: int, moe: bool = False) -> torch.nn.Module | None:
     """The frozen reference of an update with a KL penalty: the starting model."""
-    return tiny()[0].requires_grad_(False).eval() if SETTINGS[update].kl_coef > 0 else None
+    model = (tiny_moe() if moe else tiny())[0]
+    return model.requires_grad_(False).eval() if SETTINGS[update].kl_coef > 0 else None
 
 
 def tiny() -> tuple[torch.nn.Module, Any]:
     tok = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20)
     return build_model("tiny", tok, seed=0), tok
+
+
+def tiny_moe() -> tuple[torch.nn.Module, Any]:
+    """A tiny Qwen3-MoE (4 experts, 2 per token, every layer sparse) on the same tokenizer."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    tok = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20)
+    cfg = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128,
+                         pad_token_id=tok.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # a router with distinct scores (HF starts it at zero: every expert tied)
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(std=0.5)
+    return model, tok
 
 
 def samples(update: int, vocab: int, low: int = 0) -> tuple[list[tuple[Transcript, float]], list[bool]]:

@@ -6,7 +6,8 @@ logits on a left-padded batch (P > 1: its log-probs from the schedule's forward-
 through the 1F1B schedule; HF weights and optimizer state after each → `<out>/<name>-1.pt`, `-2.pt`,
 the sync into a zeroed HF model, in several buckets, checked against them); and the second update
 resumed from the one-process state after the first (`<out>/w1-1.pt` → `<out>/w1to<name>-2.pt`), its
-weights and moments scattered in several buckets."""
+weights and moments scattered in several buckets. With a third argument `moe`: the tiny Qwen3-MoE of
+`updates.py`, its experts over the W ranks (name ep{W}; the one-process states `<out>/w1moe-*.pt`)."""
 
 from __future__ import annotations
 

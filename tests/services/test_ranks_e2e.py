@@ -7,7 +7,9 @@ parallelism is tested in tests/mgrpo/parallel/test_megatron.py) trains through t
 weights synced back to the rank-0 service's engine; `kill -9` of the sub-agent's rank 1 mid-job
 restarts that role (torchrun stops the group, the cluster's supervisor starts it again) and the job
 resumes — the sub-agent's ranks from their own optimizer shards (DCP) — and finishes with every step
-trained once."""
+trained once. And a planner that is a mixture of experts (the dense warm start upcycled to a Qwen3-
+MoE: every expert a copy of its MLP, slightly perturbed) trains on 2 megatron ranks, its experts split
+between them, through the same services."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from tests.services.checks import (
     assert_accounted,
     assert_updated,
     final_checkpoint,
+    params_of,
     rank_pid,
     supervised,
     wait_ledger,
@@ -103,3 +106,76 @@ def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
             "model.embed_tokens.weight"
             in torch.load(planner / "trainer_state.pt", weights_only=False)["optimizer"]["state"]
         )
+
+
+def upcycled(dense_path: str | Path, out: Path, experts: int = 4) -> Path:
+    """The dense warm start as a Qwen3-MoE folder (sparse upcycling): its attention, norms and
+    embeddings, every expert a copy of its MLP (plus 1e-3 noise, so the router has a gradient from the
+    first update), 2 experts per token whose weights sum to 1 — the dense model's function."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
+
+    dense = AutoModelForCausalLM.from_pretrained(dense_path)
+    c = dense.config
+    cfg = Qwen3MoeConfig(**{k: getattr(c, k) for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps",
+        "pad_token_id", "bos_token_id", "eos_token_id")},
+        moe_intermediate_size=c.intermediate_size, num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True)  # fmt: skip
+    torch.manual_seed(0)
+    moe = AutoModelForCausalLM.from_config(cfg)
+    weights = dense.state_dict()
+    with torch.no_grad():
+        for name, t in moe.state_dict().items():
+            if name in weights:
+                t.copy_(weights[name])
+        for layer, d in zip(moe.model.layers, dense.model.layers, strict=True):
+            gate_up = torch.cat([d.mlp.gate_proj.weight, d.mlp.up_proj.weight])
+            for e in range(experts):
+                layer.mlp.experts.gate_up_proj[e].copy_(gate_up + 1e-3 * torch.randn_like(gate_up))
+                layer.mlp.experts.down_proj[e].copy_(d.mlp.down_proj.weight)
+            layer.mlp.gate.weight.normal_(std=0.5)
+    moe.save_pretrained(out)
+    AutoTokenizer.from_pretrained(dense_path).save_pretrained(out)
+    return out
+
+
+def test_a_mixture_of_experts_planner_trains_with_its_experts_over_two_ranks(tmp_path, redis_url):
+    warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    path = upcycled(warm.planner_path, tmp_path / "planner-moe")
+    cluster = LocalCluster(tmp_path / "run", redis_url=redis_url, api_token=TOKEN, ranks={"planner": 2},
+                           role_env={"planner": {"MGRPO_BACKEND": "megatron"}},
+                           extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    job = {**JOB, "roles": {"planner": {"model": {"path": str(path)}, "optim": {"lr": 1e-3}}}}
+    with supervised(cluster):
+        url = cluster.url("controller")
+        r = httpx.post(f"{url}/v1/jobs", json=job, headers=H, timeout=30)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+        deadline = time.monotonic() + 600
+        while (got := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
+            "queued",
+            "running",
+        ):
+            assert time.monotonic() < deadline, got
+            time.sleep(0.5)
+        assert got["status"] == "succeeded", got["reason"]
+        assert (
+            "training on 2 ranks over 1 node(s), backend megatron"
+            in (tmp_path / "run" / "logs" / "planner.log").read_text()
+        )
+        records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H, timeout=10).json()["records"]
+        assert all(
+            r["values"]["planner/weight_sync_s"] > 0
+            for r in records
+            if "planner/weight_sync_s" in r["values"]
+        )
+        trained = final_checkpoint(cluster, "planner", job_id)
+        assert "Qwen3MoeForCausalLM" in (trained / "config.json").read_text()
+        # with a gradient (the upcycled planner succeeds as often as the dense warm start), every weight
+        # moved: the router, and every expert — rank 1's two as well as rank 0's (each expert's slice of
+        # HF's fused tensors; a stale one would hide inside a tensor that moved)
+        if assert_updated("planner", path, trained, records):
+            before, after = params_of(path), params_of(trained)
+            for name in (n for n in after if n.endswith("experts.gate_up_proj")):
+                stale = [e for e in range(4) if torch.equal(after[name][e], before[name][e])]
+                assert not stale, f"{name}: experts {stale} never moved"

@@ -172,9 +172,11 @@ def stage_layers(cfg: Any, pp: int, stage: int) -> range:
     return range(stage * per, (stage + 1) * per)
 
 
-def place(global_rank: int, tp: int) -> tuple[int, int]:
-    """(tensor-parallel rank, pipeline stage) of a global rank: megatron-core's order, T fastest."""
-    return global_rank % tp, global_rank // tp
+def place(global_rank: int, tp: int, dp: int = 1) -> tuple[int, int, int]:
+    """(tensor-parallel rank, data-parallel rank, pipeline stage) of a global rank: megatron-core's
+    order, tensor-parallel ranks fastest, then data parallel, then stages."""
+    rest = global_rank // tp
+    return global_rank % tp, rest % dp, rest // dp
 
 
 def hf_shapes(cfg: Any) -> dict[str, torch.Size]:
@@ -304,6 +306,6 @@ def megatron_to_hf(shards: list[dict[str, torch.Tensor]], cfg: Any, pp: int = 1)
     check_split(cfg, tp, pp)
     out = empty_hf(cfg, next(iter(shards[0].values())))
     for r, shard in enumerate(shards):
-        t, stage = place(r, tp)
+        t, _, stage = place(r, tp)
         copy_into_hf(shard, cfg, tp, t, out, pp, stage)
     return tie_hf(out, cfg)

@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.agents.loop import Transcript
 from mgrpo.parallel.group import device
-from mgrpo.parallel.megatron import check_split, copy_into_hf, empty_hf, hf_to_megatron, is_moe, tie_hf
+from mgrpo.parallel.megatron import check_split, copy_into_hf, empty_hf, hf_to_megatron, is_moe, place, tie_hf
 from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, model_parallel
 from mgrpo.parallel.transport import Transport
 from mgrpo.training import UpdateSettings, ppo_update
@@ -90,17 +90,16 @@ class MegatronPolicy:
         self._load_optimizer_state(optimizer_state)
 
     def share(self, r: int) -> dict[str, int]:
-        """Where global rank `r`'s share sits: hf_to_megatron's and copy_into_hf's keyword arguments
-        (megatron-core's order: tensor-parallel ranks fastest, then data parallel (= expert parallel
-        here), then stages)."""
-        t, rest = r % self.tp, r // self.tp
-        return {"tp": self.tp, "rank": t, "pp": self.pp, "stage": rest // self.dp, "ep": self.ep,
-                "expert_rank": rest % self.dp if self.ep > 1 else 0}  # fmt: skip
+        """Where global rank `r`'s share sits (`place`; its data-parallel rank is its expert-parallel
+        one here): hf_to_megatron's and copy_into_hf's keyword arguments."""
+        t, d, stage = place(r, self.tp, self.dp)
+        return {"tp": self.tp, "rank": t, "pp": self.pp, "stage": stage, "ep": self.ep,
+                "expert_rank": d if self.ep > 1 else 0}  # fmt: skip
 
     def _owns(self, r: int, name: str) -> bool:
         """Whether rank `r` sends `name` back (data-parallel copies: only the first rank's, but each
         rank its own experts)."""
-        return (r // self.tp) % self.dp == 0 or ".local_experts." in name
+        return place(r, self.tp, self.dp)[1] == 0 or ".local_experts." in name
 
     def _split(self, source: PreTrainedModel | None) -> MegatronCausalLM:
         """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""

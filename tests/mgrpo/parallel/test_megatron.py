@@ -210,11 +210,10 @@ def test_optimizer_state_converts_both_ways(tp2):
     """The optimizer state comes out in the one-process, FQN-keyed form (the same moments), and a
     one-process state after update 1 resumes on 2 tensor-parallel ranks to the one-process update 2."""
     got, want = load(tp2 / "tp2pp1-1.pt")["optimizer"], load(tp2 / "w1-1.pt")["optimizer"]
-    assert set(got["state"]) == set(want["state"]) and "lm_head.weight" not in got["state"]  # tied
+    assert_moments_equal(got, want)
+    assert "lm_head.weight" not in got["state"]  # tied
     for name, s in want["state"].items():
         assert float(got["state"][name]["step"]) == float(s["step"]), name
-        for m in ("exp_avg", "exp_avg_sq"):
-            assert (got["state"][name][m] - s[m]).abs().max() < 1e-6 + 1e-3 * s[m].abs().max(), (name, m)
     assert_same(load(tp2 / "w1totp2pp1-2.pt")["weights"], load(tp2 / "w1-2.pt")["weights"])
 
 

@@ -96,7 +96,10 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
     rows = "\n".join(json.dumps({"query": q.text, "answer": q.answer, "split": s}) for s, q in questions)
     up = httpx.post(f"{cluster.url('controller')}/v1/datasets", content=rows, headers=H, timeout=30)
     assert up.status_code in (200, 201), up.text
-    paths = {"comparer": chat_model_folder(tmp_path / "comparer", TEMPLATES["qwen3"], seed=2, eos_logit=10)}
+    # eos_logit 6: this random Qwen3-template model then ends about half its turns on an empty answer (a
+    # format error, reward 0) and the rest with text, so a query's K·D rewards differ. At 10 it emptied
+    # 9 turns in 10, and once every one of a step's 16 (no gradient; a clean clone, 2026-12-03).
+    paths = {"comparer": chat_model_folder(tmp_path / "comparer", TEMPLATES["qwen3"], seed=2, eos_logit=6)}
     tools, reward = FlakyToolServer(job=job, flaky=False), RewardServer()
     http_tool = {"kind": "http", "url": tools.url, "timeout_s": 5}
     chat = {"max_new_tokens_per_turn": 48, "max_context_tokens": 1024}

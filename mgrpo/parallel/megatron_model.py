@@ -80,9 +80,13 @@ def model_parallel(tp: int, pp: int = 1, seed: int = 1234, ep: int = 1) -> None:
     have = (
         parallel_state.get_tensor_model_parallel_world_size(),
         parallel_state.get_pipeline_model_parallel_world_size(),
+        parallel_state.get_expert_model_parallel_world_size(),
     )
-    if have != (tp, pp):
-        raise RuntimeError(f"megatron-core is set up for (tensor, pipeline) parallel {have}, not {(tp, pp)}")
+    if have != (tp, pp, ep):
+        raise RuntimeError(
+            f"megatron-core is set up for (tensor, pipeline, expert) parallel {have}, not {(tp, pp, ep)}: "
+            "one process holds one split"
+        )
 
 
 def tensor_parallel(tp: int, seed: int = 1234) -> None:
@@ -259,14 +263,16 @@ class MegatronCausalLM(torch.nn.Module):
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            expert = not getattr(p, "allreduce", True)
+        from mgrpo.parallel.transport import all_reduce_in_buckets
+
+        for expert in (False, True):
+            grads = [p.grad for p in self.parameters()
+                     if p.grad is not None and (not getattr(p, "allreduce", True)) == expert]  # fmt: skip
             group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
-            if dist.get_world_size(group) > 1:
-                dist.all_reduce(p.grad, group=group)
-            p.grad.div_(self.dp)
+            if grads and dist.get_world_size(group) > 1:
+                all_reduce_in_buckets(grads, group)
+            for g in grads:
+                g.div_(self.dp)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Finish the gradients, then clip them by the whole model's norm. Finishing is what

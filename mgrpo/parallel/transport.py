@@ -6,7 +6,8 @@ tensor), and its `gather` was half as fast as sends (`bench/ranks_bench.py`).
 
 Every rank must call `gather` or `scatter` with the same dtype; a rank's names and shapes are its
 `layout_of(rank)` (one layout for all when not given: tensor-parallel shards; pipeline stages hold
-different layers, so rank 0 is told each rank's)."""
+different layers, so rank 0 is told each rank's). `all_reduce_in_buckets` sums tensors over a group
+the same way, a bucket per call (the megatron backend's data-parallel gradients)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,23 @@ class Transport:
                 _pack(buf, shard, names)
                 dist.send(buf, dst=r)
         return {n: t.detach().to(like.device, like.dtype).clone() for n, t in shard_of(0).items()}
+
+
+def all_reduce_in_buckets(
+    tensors: list[torch.Tensor], group: dist.ProcessGroup, bucket_mb: float = 64.0
+) -> None:
+    """Sum each tensor over `group` in place, one all-reduce per bucket of up to `bucket_mb` MB of one
+    dtype (flattened, reduced, copied back), not one per tensor."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for same in by_dtype.values():
+        layout = {f"{i:08d}": t.shape for i, t in enumerate(same)}
+        for names in buckets(layout, same[0].element_size(), bucket_mb):
+            part = [same[int(n)] for n in names]
+            flat = torch.cat([t.reshape(-1) for t in part])
+            dist.all_reduce(flat, group=group)
+            at = 0
+            for t in part:
+                t.copy_(flat[at : at + t.numel()].view_as(t))
+                at += t.numel()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from mgrpo.algo.rewards import normalize_answer
 from mgrpo.config import JobConfig
 from mgrpo.runtime import job_task
 from mgrpo.scoring import normalized
@@ -14,13 +16,19 @@ from services.launcher import free_port
 
 
 class RewardServer:
-    """The user's reward endpoint on loopback: normalised exact match, every batch kept."""
+    """The user's reward endpoint on loopback: normalised exact match, or with `graded` partial credit
+    (difflib's similarity of the normalised texts, in [0, 1]); every batch kept."""
 
     def score(self, answer: str, reference: str) -> float:
+        if self.graded:
+            return difflib.SequenceMatcher(
+                None, normalize_answer(answer), normalize_answer(reference)
+            ).ratio()
         return normalized(answer, reference)
 
-    def __init__(self) -> None:
+    def __init__(self, *, graded: bool = False) -> None:
         self.batches: list[list[dict]] = []
+        self.graded = graded
         outer = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -96,16 +96,22 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
     rows = "\n".join(json.dumps({"query": q.text, "answer": q.answer, "split": s}) for s, q in questions)
     up = httpx.post(f"{cluster.url('controller')}/v1/datasets", content=rows, headers=H, timeout=30)
     assert up.status_code in (200, 201), up.text
-    # eos_logit 6: this random Qwen3-template model then ends about half its turns on an empty answer (a
-    # format error, reward 0) and the rest with text, so a query's K·D rewards differ. At 10 it emptied
-    # 9 turns in 10, and once every one of a step's 16 (no gradient; a clean clone, 2026-12-03).
-    paths = {"comparer": chat_model_folder(tmp_path / "comparer", TEMPLATES["qwen3"], seed=2, eos_logit=6)}
-    tools, reward = FlakyToolServer(job=job, flaky=False), RewardServer()
+    # The comparer's rewards must differ within a query for it to get a gradient. Two clean clones
+    # (2026-12-03) had none: at eos_logit 10 this random model answered every turn of a step with
+    # nothing (format errors, reward 0); at 6 every turn with text while no rollout was correct (0.1
+    # each). Through the hf engine on this step's subtasks, 60 episodes each, 15-30 % of its turns
+    # are empty at 6, 52-55 % at 8, 70-85 % at 10: at 8 a query's 8 episodes are all alike about 1 %
+    # of the time. Alignment fills a query's K·D slots from its few comparer episodes (often one or
+    # two: the planner compares only after lookups that return facts), so: 10 queries, not 5. And a
+    # graded reward: its partial credit for the planner's answers (R_S's planner-outcome part)
+    # differs between rollouts where exact match gives 0 to all.
+    paths = {"comparer": chat_model_folder(tmp_path / "comparer", TEMPLATES["qwen3"], seed=2, eos_logit=8)}
+    tools, reward = FlakyToolServer(job=job, flaky=False), RewardServer(graded=True)
     http_tool = {"kind": "http", "url": tools.url, "timeout_s": 5}
     chat = {"max_new_tokens_per_turn": 48, "max_context_tokens": 1024}
     # One step: its planner is the warm start's, which delegates comparisons; after an update it may
     # not in the last step, whose episodes are the only ones kept (a clean-clone run failed so at 2).
-    config = {**JOB, "steps": 1, "dataset": {"source": up.json()["dataset_id"], "eval_queries": 5},
+    config = {**JOB, "steps": 1, "prompts_per_step": 10, "dataset": {"source": up.json()["dataset_id"], "eval_queries": 5},
               "reward": {"kind": "http", "url": reward.url},
               "roles": {"planner": {"optim": {"lr": 1e-4}},
                         "searcher": {"optim": {"lr": 1e-3},

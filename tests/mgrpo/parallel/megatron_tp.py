@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from mgrpo.parallel.group import init_from_env
+from mgrpo.parallel.megatron_model import model_parallel
 from mgrpo.parallel.megatron_policy import MegatronPolicy
 from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny, tiny_moe
 
@@ -93,6 +94,12 @@ def main(out: Path, stages: int, moe: bool) -> None:
                             optimizer_state=start["optimizer"] if start else None,
                             bucket_mb=0.05, pipeline=stages)  # fmt: skip  # weights and moments in several buckets
     run(policy, tok, 1, out / f"w1to{name}-2.pt", model_of)
+    try:  # another split in this process is refused (megatron-core's parallel state is global)
+        model_parallel(policy.tp, stages, ep=1 if moe else dist.get_world_size())
+    except RuntimeError as exc:
+        assert "one process holds one split" in str(exc), exc
+    else:
+        raise AssertionError("model_parallel accepted another split than the process's")
     dist.destroy_process_group()
 
 

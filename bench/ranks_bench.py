@@ -9,7 +9,8 @@
    weights into rank 0's full model (what reaches the rollout engine after each update,
    `weight_sync_s`: `ShardedPolicy.sync_into`, bucketed gathers) against a raw `broadcast` of the
    same bytes in the same group: seconds, GB/s, and sync / raw bandwidth (goal ≥ 0.8); and, for
-   comparison, torch's `get_model_state_dict(full_state_dict=True)` + `load_state_dict`.
+   comparison, torch's `get_model_state_dict(full_state_dict=True)` + `load_state_dict`. (The sync
+   measurement is `bench/weight_sync.py`'s, which also runs it alone.)
 3. **The megatron backend** on the same two ranks (megatron-core tensor parallel 2, on the CPU
    through its shim): the same update, and its sync (`MegatronPolicy.sync_into`: the shards gathered
    to rank 0 in buckets, converted to HF names and copied into its model) against the same raw
@@ -27,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,32 +39,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.weight_sync import SHAPES, fresh_parallel_state, median_time, print_table, sync_sizes, tokenizer  # noqa: E402
 from mgrpo.agents.loop import Transcript  # noqa: E402
-from mgrpo.models import build_model, n_params, train_tokenizer  # noqa: E402
+from mgrpo.models import build_model  # noqa: E402
 from mgrpo.parallel.ranks import policy_class  # noqa: E402
 from mgrpo.training import UpdateSettings, ppo_update  # noqa: E402
 
 SETTINGS = UpdateSettings(minibatch_size=32, ppo_epochs=1)
-# name → Qwen3 shape (vocab 320): random weights for the sync sizes
-SHAPES = {
-    "tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=24),
-    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32),
-    "100MB": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64),
-    "400MB": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64),
-}  # fmt: skip
-
-
-def tokenizer():
-    return train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20)
-
-
-def model_of(shape: str, tok):
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=1024, tie_word_embeddings=True,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **SHAPES[shape])  # fmt: skip
-    return AutoModelForCausalLM.from_config(cfg)
 
 
 def batch(n: int, tokens: int, vocab: int) -> list[tuple[Transcript, float]]:
@@ -75,39 +56,6 @@ def batch(n: int, tokens: int, vocab: int) -> list[tuple[Transcript, float]]:
         t = Transcript(ids, [-1.0] * tokens, [0] * 32 + [1] * (tokens - 32), 32)
         out.append((t, 1.0 if i % 2 else -1.0))
     return out
-
-
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp", stages: int = 1) -> dict:
-    """Under torchrun: one model size's sync, torch's state-dict sync (fsdp) and a raw broadcast, in seconds."""
-    import torch.distributed as dist
-
-    full = model_of(shape, tok)
-    kw = {"pipeline": stages} if backend == "megatron" else {}
-    policy = policy_class(backend)(full.config.to_dict(), 1e-5, source=full if rank0 else None, **kw)
-    nbytes = sum(p.numel() * p.element_size() for p in full.parameters())
-
-    def state_dict_sync() -> None:
-        weights = policy.full_weights()
-        if rank0:
-            full.load_state_dict(weights)
-
-    flat = torch.zeros(nbytes // 4, dtype=torch.float32)
-    sync_s = median_time(lambda: policy.sync_into(full if rank0 else None), repeats)
-    sd_s = median_time(state_dict_sync, repeats) if backend == "fsdp" else float("nan")
-    raw_s = median_time(lambda: dist.broadcast(flat, src=0), repeats)
-    return {"model": shape, "params": n_params(full), "MB": nbytes / 1e6, "sync_s": sync_s, "raw_broadcast_s": raw_s,
-            "state_dict_sync_s": sd_s, "sync_GBps": nbytes / sync_s / 1e9, "raw_GBps": nbytes / raw_s / 1e9,
-            "sync_over_raw": raw_s / sync_s}  # fmt: skip
 
 
 def one_process(args) -> dict:
@@ -136,10 +84,7 @@ def two_ranks(args) -> None:
         ("megatron", "_megatron", 1),
         ("megatron", "_megatron_pp2", 2),
     ):
-        if stages > 1:  # megatron-core's parallel state, set up for tensor parallel 2 above, anew
-            from megatron.core import parallel_state
-
-            parallel_state.destroy_model_parallel()
+        fresh_parallel_state(stages)
         kw = {"pipeline": stages} if backend == "megatron" else {}
         policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None, **kw)
         settings = piped if stages > 1 else SETTINGS
@@ -195,12 +140,7 @@ def main() -> None:
           f"({w1['samples_per_s']:.1f} samples/s, {w1['threads']} threads)  W=2 {w2['update']['update_s']:.2f} s "
           f"({w2['update']['samples_per_s']:.1f} samples/s, 1 thread per rank)  W=2/W=1 speed "
           f"{result['update_w2_over_w1_speed']:.2f}")  # fmt: skip
-    print(
-        f"{'model':>6} {'MB':>7} {'sync s':>7} {'raw s':>7} {'state-dict s':>12} {'sync GB/s':>9} {'raw GB/s':>8} {'sync/raw':>8}"
-    )
-    for r in w2["sync"]:
-        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {r['state_dict_sync_s']:12.3f} "
-              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+    print_table(w2["sync"])
     for key, name, speed in (
         ("megatron", "tensor parallel 2", "update_megatron_tp2_over_w1_speed"),
         ("megatron_pp2", f"2 pipeline stages ({args.pp_microbatch_tokens}-token micro-batches)",
@@ -209,9 +149,7 @@ def main() -> None:
         m = w2["update_" + key]
         print(f"megatron, {name}: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
               f"speed / W=1 {result[speed]:.2f}; its sync:")  # fmt: skip
-        for r in w2["sync_" + key]:
-            print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {'':>12} "
-                  f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+        print_table(w2["sync_" + key])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`docker compose up` for real: build the image, start Redis, the controller and both trainers as
-containers, submit a short job over REST, see it succeed, take it all down.
+containers, submit a short job over REST, see it succeed, take it all down; then the same with the
+`ranks` profile, whose sub-agent trains on two ranks inside its container.
 
 Runs where a Docker engine answers (`docker info`) and the base and Redis images can be had; skipped
 with the reason otherwise (`make test` starts no engine; `make compose-test` does: it installs
@@ -59,14 +60,37 @@ def env():
             "MGRPO_BASE_IMAGE": base, "MGRPO_REDIS_IMAGE": redis_image, "MGRPO_PORT": str(free_port())}  # fmt: skip
 
 
-def test_compose_up_runs_a_job_and_comes_down(env):
-    compose = ["docker-compose", "-p", f"mgrpotest{env['MGRPO_PORT']}", "-f", "docker-compose.yml"]
+@pytest.fixture(scope="module")
+def built(env):
+    """Seconds to build the image (once for both stacks)."""
     t0 = time.monotonic()
-    built = run(*compose, "build", env={**env, "DOCKER_BUILDKIT": "0"}, timeout=1800)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    build_s = time.monotonic() - t0
+    compose = ["docker-compose", "-f", "docker-compose.yml"]
+    out = run(*compose, "build", "controller", env={**env, "DOCKER_BUILDKIT": "0"}, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return time.monotonic() - t0
+
+
+# the default stack, and the `ranks` profile's: its sub-agent on 2 ranks (torchrun in its container)
+STACKS = {
+    "default": ([], []),
+    "ranks": (["--profile", "ranks"], ["--scale", "planner=0", "--scale", "subagent=0"]),
+}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_compose_up_runs_a_job_and_comes_down(env, built, stack):
+    profile, scale = STACKS[stack]
+    compose = [
+        "docker-compose",
+        "-p",
+        f"mgrpotest{stack}{env['MGRPO_PORT']}",
+        "-f",
+        "docker-compose.yml",
+        *profile,
+    ]
+    t0 = time.monotonic()
     try:
-        up = run(*compose, "up", "-d", env=env, timeout=900)
+        up = run(*compose, "up", "-d", *scale, env=env, timeout=900)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         url = f"http://127.0.0.1:{env['MGRPO_PORT']}"
         deadline = time.monotonic() + 300
@@ -78,7 +102,7 @@ def test_compose_up_runs_a_job_and_comes_down(env):
                 pass
             assert time.monotonic() < deadline, run(*compose, "logs", "--tail", "50", env=env).stdout[-4000:]
             time.sleep(1)
-        up_s = time.monotonic() - t0 - build_s
+        up_s = time.monotonic() - t0
         r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
         assert r.status_code == 201, r.text
         job_id, deadline = r.json()["job_id"], time.monotonic() + 1200
@@ -93,8 +117,11 @@ def test_compose_up_runs_a_job_and_comes_down(env):
             run(*compose, "logs", "--tail", "80", env=env).stdout[-6000:],
         )
         assert job["steps_done"] == {"planner": 0, "subagent": 0}  # both trainers applied the step
+        if stack == "ranks":  # the sub-agent's container runs its two ranks
+            top = run(*compose, "top", "subagent-ranks", env=env).stdout
+            assert top.count("services.cli serve subagent") >= 3, top  # torchrun's agent and its 2 ranks
         print(
-            f"compose: build {build_s:.0f} s, up and ready {up_s:.0f} s, job {time.monotonic() - t0 - build_s - up_s:.0f} s"
+            f"compose ({stack}): image built in {built:.0f} s, up and ready {up_s:.0f} s, job {time.monotonic() - t0 - up_s:.0f} s"
         )
     finally:
         down = run(*compose, "down", "-v", env=env, timeout=300)

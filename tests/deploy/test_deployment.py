@@ -210,6 +210,7 @@ def test_compose_file_is_valid():
     assert compose("config", "-q").returncode == 0
     assert compose("--profile", "gpu", "config", "-q").returncode == 0
     assert compose("--profile", "marsrl", "config", "-q").returncode == 0
+    assert compose("--profile", "ranks", "config", "-q").returncode == 0
     no_token = compose("config", "-q", token=None)
     assert no_token.returncode != 0 and "MGRPO_API_TOKEN" in no_token.stderr
     # where no registry is reachable: a base image and a Redis image of one's own
@@ -220,6 +221,14 @@ def test_compose_file_is_valid():
     spec = yaml.safe_load(compose("config", MGRPO_SUBAGENT_RANKS="2").stdout)
     assert str(spec["services"]["subagent"]["environment"]["MGRPO_RANKS"]) == "2"
     assert str(spec["services"]["planner"]["environment"]["MGRPO_RANKS"]) == "1"
+    # the `ranks` profile: a sub-agent on 2 ranks with shared memory, and a planner that calls it
+    ranks = yaml.safe_load(compose("--profile", "ranks", "config").stdout)["services"]
+    sub, planner = ranks["subagent-ranks"], ranks["planner-ranks"]
+    assert str(sub["environment"]["MGRPO_RANKS"]) == "2" and sub["shm_size"]
+    assert sub["command"] == ranks["subagent"]["command"]
+    assert planner["environment"]["MGRPO_SUBAGENT_URL"] == "http://subagent-ranks:8000"
+    assert "subagent-ranks" in planner["depends_on"]
+    assert str(planner["environment"]["MGRPO_RANKS"]) == "1"
 
 
 def commands_and_env() -> tuple[list[list[str]], set[str]]:

@@ -8,6 +8,8 @@ Parts, each timed and recorded even when another fails:
   the CPU), bf16 parameters with fp32 reduction on the GPU: updates of a synthetic batch, train tokens/s.
 - `megatron`: a megatron-core GPTModel (tensor parallel 1) from the HF weights: the HF ↔ Megatron
   round trip exact, its logits against HF's, one `ppo_update` (forward and backward) finite.
+- `megatron_moe`: the same for a tiny Qwen3-MoE through megatron-core's MoE layer (router, allgather
+  dispatch, the experts), all on this one device.
 - `mfu`: the one-process update's model FLOP/s (bench/mfu.py's count) on the largest size here
   that fits, against the fp32 and bf16 matmul peaks measured in the same run.
 - `weight_sync`: the sharded policy's sync into a full model (the engine's) against a raw copy of
@@ -88,12 +90,29 @@ def check_fsdp(device: torch.device, size: str, batch: int, seq: int) -> dict[st
             "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))), "policy": policy, "model": model}  # fmt: skip
 
 
-def check_megatron(device: torch.device) -> dict[str, Any]:
+def moe_of(device: torch.device) -> torch.nn.Module:
+    """A tiny Qwen3-MoE (4 experts, 2 per token), its router scores spread (HF starts it at zero)."""
+    from transformers import Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(std=0.5)
+    return model.to(device)
+
+
+def check_megatron(device: torch.device, moe: bool = False) -> dict[str, Any]:
+    """The dense model, or with `moe` a Qwen3-MoE through megatron-core's MoE layer (its experts on
+    this one rank; the split over ranks runs on the CPU in the tests)."""
     from mgrpo.parallel.megatron import hf_to_megatron, megatron_to_hf
     from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, tensor_parallel
 
     tensor_parallel(1)
-    hf = model_of("quick", device)
+    hf = moe_of(device) if moe else model_of("quick", device)
     state = {k: v.detach().cpu() for k, v in hf.state_dict().items()}
     exact = all(
         torch.equal(a, state[k])
@@ -175,6 +194,7 @@ def main() -> None:
 
     part("fsdp", lambda: check_fsdp(device, size, batch, seq))
     part("megatron", lambda: check_megatron(device))
+    part("megatron_moe", lambda: check_megatron(device, moe=True))
     part("mfu", lambda: check_mfu(device, "quick" if args.quick else "470m", batch, seq))
     if "policy" in held:
         part("weight_sync", lambda: check_weight_sync(device, held["policy"], held["model"]))

@@ -39,7 +39,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.weight_sync import SHAPES, fresh_parallel_state, median_time, print_table, sync_sizes, tokenizer  # noqa: E402
+from bench.weight_sync import (  # noqa: E402
+    ARMS,
+    SHAPES,
+    fresh_parallel_state,
+    median_time,
+    print_table,
+    sync_sizes,
+    tokenizer,
+)
 from mgrpo.agents.loop import Transcript  # noqa: E402
 from mgrpo.models import build_model  # noqa: E402
 from mgrpo.parallel.ranks import policy_class  # noqa: E402
@@ -79,11 +87,8 @@ def two_ranks(args) -> None:
     model = build_model("small", tok)
     data = batch(args.samples, args.tokens, len(tok))
     piped = dataclasses.replace(SETTINGS, microbatch_tokens=args.pp_microbatch_tokens)
-    for backend, suffix, stages in (
-        ("fsdp", "", 1),
-        ("megatron", "_megatron", 1),
-        ("megatron", "_megatron_pp2", 2),
-    ):
+    for arm, (backend, stages) in ARMS.items():
+        suffix = "" if arm == "fsdp" else f"_{arm}"
         fresh_parallel_state(stages)
         kw = {"pipeline": stages} if backend == "megatron" else {}
         policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None, **kw)

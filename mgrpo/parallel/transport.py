@@ -149,12 +149,11 @@ def all_reduce_in_buckets(
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for same in by_dtype.values():
-        layout = {f"{i:08d}": t.shape for i, t in enumerate(same)}
+        named = {f"{i:08d}": t for i, t in enumerate(same)}  # names that sort in the tensors' order
+        layout = {n: t.shape for n, t in named.items()}
         for names in buckets(layout, same[0].element_size(), bucket_mb):
-            part = [same[int(n)] for n in names]
-            flat = torch.cat([t.reshape(-1) for t in part])
+            flat = same[0].new_empty(sum(layout[n].numel() for n in names))
+            _pack(flat, named, names)
             dist.all_reduce(flat, group=group)
-            at = 0
-            for t in part:
-                t.copy_(flat[at : at + t.numel()].view_as(t))
-                at += t.numel()
+            for n, summed in _unpack(flat, names, layout).items():
+                named[n].copy_(summed)

@@ -94,7 +94,11 @@ def run_job(mode: str, steps: int, out: Path) -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         from trl_throughput import job_for
 
-        job = job_for(argparse.Namespace(steps=steps, prompts=8, group=8, max_new_tokens=48, preset="tiny"))
+        job = job_for(
+            argparse.Namespace(
+                steps=steps, prompts=8, group=8, max_new_tokens=48, preset="tiny", max_staleness=0
+            )
+        )
     else:
         job = JobConfig(steps=steps)
     with tempfile.TemporaryDirectory() as tmp:

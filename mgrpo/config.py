@@ -93,6 +93,10 @@ class OptimConfig(_Strict):
         le=16_777_216,
         description="Padded tokens per forward/backward of the update: each minibatch is sorted by length and cut into micro-batches of at most this many (rows × longest row; a longer row alone), their gradients accumulated into the one-batch gradient, so short rows are not padded to the longest and a GPU holds one micro-batch's activations; with pipeline stages (MGRPO_PIPELINE_STAGES) the micro-batches are what the stages overlap on. 0 = the whole minibatch in one forward.",
     )
+    shared_prefix: bool = Field(
+        True,
+        description="Run each prompt shared by several rows of a micro-batch (a group's K rollouts) through the update's forward once, its K/V handed to every row, so only the rows' own tokens are computed per row (mgrpo/shared_prefix.py; the same log-probs and gradient to float tolerance). Taken by a plain Hugging Face model in one process; not with `compile`, W > 1 ranks or the megatron backend, which compute whole rows.",
+    )
     compile: bool = Field(
         False,
         description="torch.compile the model's forward for the update (fuses the norm, rotary and SwiGLU elementwise work; the first update compiles for about a minute on 2 CPU cores; rollouts stay eager).",

@@ -138,5 +138,10 @@ def token_logprobs(
 
 def logits_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """`token_logprobs` from the logits (B, T, V) of `input_ids` (B, T): (B, T-1)."""
-    logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
-    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return target_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T) of each target token: logits (B, S, V) predicting targets (B, S) → (B, S)."""
+    logits = logits.float() / (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -46,6 +46,7 @@ from mgrpo.algo.loss import AggMode, agg_count, policy_loss
 from mgrpo.batching import TokenBatch, collate
 from mgrpo.config import OptimConfig
 from mgrpo.models import logits_logprobs, token_logprobs
+from mgrpo.shared_prefix import shared_prefix_logprobs, shares_prefixes
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,14 @@ class UpdateSettings:
     compile: bool = False
     is_cap: float = 2.0
     microbatch_tokens: int = 0
+    shared_prefix: bool = True
 
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
         """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
         return cls(optim.ppo_epochs, optim.minibatch_size, optim.clip_low, optim.clip_high, optim.loss_agg,
                    optim.max_grad_norm, temperature, optim.kl_coef, optim.compile, optim.is_cap,
-                   optim.microbatch_tokens)  # fmt: skip
+                   optim.microbatch_tokens, optim.shared_prefix)  # fmt: skip
 
 
 def ppo_update(
@@ -137,10 +139,7 @@ def _proximal_logprobs(
             ids = [(b.input_ids, b.attention_mask) for b in batches]
             logps = model.logprobs(ids, s.temperature)  # type: ignore[operator]
         else:
-            logps = [
-                token_logprobs(model, b.input_ids, b.attention_mask, temperature=s.temperature)
-                for b in batches
-            ]
+            logps = [_logprobs(model, b, s) for b in batches]
     for chunk, logp in zip(chunks, logps, strict=True):
         for row, i in enumerate(chunk):
             out[i] = logp[row, : len(samples[i][0]) - 1].float().cpu()
@@ -291,14 +290,23 @@ def _loss(
     ref_logp = None
     if ref_model is not None:
         with torch.no_grad():
-            ref_logp = token_logprobs(
-                ref_model, batch.input_ids, batch.attention_mask, temperature=s.temperature
-            )
-    forward = compiled_forward(model) if s.compile else model
-    logp = token_logprobs(
-        forward, batch.input_ids, batch.attention_mask, temperature=s.temperature
-    )  # (B, T-1)
-    return _part_loss(logp, batch, adv, logp_prox, ref_logp, s)
+            ref_logp = _logprobs(ref_model, batch, s)
+    return _part_loss(_logprobs(model, batch, s), batch, adv, logp_prox, ref_logp, s)
+
+
+def _logprobs(model: PreTrainedModel, batch: TokenBatch, s: UpdateSettings) -> torch.Tensor:
+    """Teacher-forced log-probs (B, T-1) of a batch for the loss: each shared prompt run once
+    (`mgrpo.shared_prefix`; 0 before a row's first trained target) where the settings and the model
+    allow it — a plain HF model in one process, not compiled — else `token_logprobs` of the whole rows
+    (through the compiled forward with `compile`)."""
+    if s.compile:
+        return token_logprobs(
+            compiled_forward(model), batch.input_ids, batch.attention_mask, temperature=s.temperature
+        )
+    if s.shared_prefix and shares_prefixes(model) is None:
+        return shared_prefix_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                      temperature=s.temperature)  # fmt: skip
+    return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)
 
 
 def _inputs(

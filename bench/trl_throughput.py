@@ -17,7 +17,9 @@ Step time is measured per step and the first step (start-up, compilation of kern
 the runs alternate ours/TRL `--repeats` times and the median step time of each side is reported.
 Ours runs once per `hf` engine decoder (`ours`: the static KV cache, `ours_dynamic`: the HF forward,
 `MGRPO_HF_STATIC_CACHE=0`; issue 18), so both ratios come from one run; with `--microbatch-tokens N`
-a third time (`ours_microbatch`: the static decoder, the update in micro-batches of ≤ N padded tokens).
+a third time (`ours_microbatch`: the static decoder, the update in micro-batches of ≤ N padded tokens);
+with `--whole-rows` also `ours_whole_rows`: the static decoder, `optim.shared_prefix` off (the update
+runs every row's prompt itself).
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ from mgrpo.warmstart import cached_warmstart
 from services.demo import run_train
 
 
-def job_for(args: argparse.Namespace, microbatch_tokens: int = 0) -> JobConfig:
+def job_for(args: argparse.Namespace, microbatch_tokens: int = 0, shared_prefix: bool = True) -> JobConfig:
     return JobConfig.model_validate({
         "mode": "single_agent", "warmstart_steps": 0, "steps": args.steps, "stage": 2,
         "prompts_per_step": args.prompts, "rollouts_per_query": args.group,
         "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
         "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1,
-                          "microbatch_tokens": microbatch_tokens},
+                          "microbatch_tokens": microbatch_tokens, "shared_prefix": shared_prefix},
         "max_staleness": args.max_staleness,
     })  # fmt: skip
 
@@ -123,6 +125,45 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
             "generate_s": statistics.fmean(gen_s[1:])}  # fmt: skip
 
 
+RATIO_KEYS = {"ours": "samples_per_s_ratio", "ours_dynamic": "dynamic_samples_per_s_ratio",
+              "ours_microbatch": "microbatch_samples_per_s_ratio",
+              "ours_whole_rows": "whole_rows_samples_per_s_ratio"}  # fmt: skip
+
+
+def arms(args: argparse.Namespace) -> dict[str, tuple[JobConfig, bool]]:
+    """Our sides of the comparison: name → (job, static decoder)."""
+    out = {"ours": (job_for(args), True)}
+    if args.microbatch_tokens:
+        out["ours_microbatch"] = (job_for(args, args.microbatch_tokens), True)
+    if args.whole_rows:
+        out["ours_whole_rows"] = (job_for(args, shared_prefix=False), True)
+    out["ours_dynamic"] = (job_for(args), False)
+    return out
+
+
+def summarise(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    samples = args.prompts * args.group
+    summary: dict[str, Any] = {"samples_per_step": samples, "steps": args.steps, "repeats": args.repeats,
+                               "preset": args.preset, "max_new_tokens": args.max_new_tokens,
+                               "max_staleness": args.max_staleness,
+                               "microbatch_tokens": args.microbatch_tokens}  # fmt: skip
+    for side in results:
+        step = statistics.median([s for run in results[side] for s in run["step_s"]])
+        toks = statistics.fmean(run["generated_tokens_per_step"] for run in results[side])
+        summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
+                         "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
+        if side != "trl":
+            summary[side]["phases_s"] = results[side][-1]["phases_s"]
+    summary["trl"]["generate_s"] = statistics.fmean(run["generate_s"] for run in results["trl"])
+    for side, key in RATIO_KEYS.items():
+        if side in results:
+            summary[key] = summary[side]["samples_per_s"] / summary["trl"]["samples_per_s"]
+    summary["generated_tokens_per_s_ratio"] = (
+        summary["ours"]["generated_tokens_per_s"] / summary["trl"]["generated_tokens_per_s"]
+    )
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
@@ -138,29 +179,24 @@ def main() -> None:
         "--microbatch-tokens", type=int, default=0,
         help="N > 0: also ours with the update in length-sorted micro-batches of at most N padded tokens",
     )  # fmt: skip
+    ap.add_argument("--whole-rows", action="store_true", help="also ours with optim.shared_prefix off")
     ap.add_argument("--out", type=Path, default=Path("bench/results/trl"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
     job = job_for(args)
+    ours = arms(args)
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
         start = cached_warmstart(
             warmstart_config(job), cache, single_agent=True
         )  # 0 steps: the preset as built
-        results: dict[str, list[dict[str, Any]]] = {"ours": [], "ours_dynamic": [], "trl": []}
-        if args.microbatch_tokens:
-            results["ours_microbatch"] = []
+        results: dict[str, list[dict[str, Any]]] = {side: [] for side in [*ours, "trl"]}
         for r in range(args.repeats):
-            results["ours"].append(run_ours(job, Path(tmp) / f"ours-{r}", cache, console, static=True))
-            if args.microbatch_tokens:
-                results["ours_microbatch"].append(
-                    run_ours(job_for(args, args.microbatch_tokens), Path(tmp) / f"ours-mb-{r}", cache, console,
-                             static=True)
-                )  # fmt: skip
-            results["ours_dynamic"].append(
-                run_ours(job, Path(tmp) / f"ours-dynamic-{r}", cache, console, static=False)
-            )
+            for side, (side_job, static) in ours.items():
+                results[side].append(
+                    run_ours(side_job, Path(tmp) / f"{side}-{r}", cache, console, static=static)
+                )
             results["trl"].append(run_trl(job, start.planner_path, cache, Path(tmp) / f"trl-{r}"))
             console.print(
                 f"repeat {r}: "
@@ -168,31 +204,7 @@ def main() -> None:
                     f"{k} {statistics.median(v[-1]['step_s']):.2f} s/step" for k, v in results.items()
                 )
             )
-    samples = args.prompts * args.group
-    summary: dict[str, Any] = {"samples_per_step": samples, "steps": args.steps, "repeats": args.repeats,
-                               "preset": args.preset, "max_new_tokens": args.max_new_tokens,
-                               "max_staleness": args.max_staleness,
-                               "microbatch_tokens": args.microbatch_tokens}  # fmt: skip
-    for side in results:
-        step = statistics.median([s for run in results[side] for s in run["step_s"]])
-        toks = statistics.fmean(run["generated_tokens_per_step"] for run in results[side])
-        summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
-                         "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
-    for side in results:
-        if side != "trl":
-            summary[side]["phases_s"] = results[side][-1]["phases_s"]
-    summary["trl"]["generate_s"] = statistics.fmean(run["generate_s"] for run in results["trl"])
-    summary["samples_per_s_ratio"] = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
-    summary["dynamic_samples_per_s_ratio"] = (
-        summary["ours_dynamic"]["samples_per_s"] / summary["trl"]["samples_per_s"]
-    )
-    if args.microbatch_tokens:
-        summary["microbatch_samples_per_s_ratio"] = (
-            summary["ours_microbatch"]["samples_per_s"] / summary["trl"]["samples_per_s"]
-        )
-    summary["generated_tokens_per_s_ratio"] = (
-        summary["ours"]["generated_tokens_per_s"] / summary["trl"]["generated_tokens_per_s"]
-    )
+    summary = summarise(args, results)
     (args.out / "results.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
     print(json.dumps(summary))
 

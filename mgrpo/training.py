@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -139,7 +139,7 @@ def _proximal_logprobs(
             ids = [(b.input_ids, b.attention_mask) for b in batches]
             logps = model.logprobs(ids, s.temperature)  # type: ignore[operator]
         else:
-            logps = [_logprobs(model, b, s) for b in batches]
+            logps = [_logprobs(model, b, replace(s, compile=False)) for b in batches]
     for chunk, logp in zip(chunks, logps, strict=True):
         for row, i in enumerate(chunk):
             out[i] = logp[row, : len(samples[i][0]) - 1].float().cpu()
@@ -290,7 +290,9 @@ def _loss(
     ref_logp = None
     if ref_model is not None:
         with torch.no_grad():
-            ref_logp = _logprobs(ref_model, batch, s)
+            ref_logp = _logprobs(
+                ref_model, batch, replace(s, compile=False)
+            )  # the frozen model: never compiled
     return _part_loss(_logprobs(model, batch, s), batch, adv, logp_prox, ref_logp, s)
 
 

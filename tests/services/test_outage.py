@@ -46,6 +46,9 @@ def test_a_worker_waits_out_an_outage_and_runs_the_next_job(tmp_path):
     try:
         store.jobs.create(CONFIG, "during", roles=("planner",))
         wait_status(store, "during", ("running",))
+        deadline = time.monotonic() + 10  # "running" is written before the trainer starts: wait for it too
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.05)
         server.kill()
         time.sleep(14)  # past the client's retries: the job raised, the worker's reads fail
         assert worker.thread.is_alive()

@@ -352,13 +352,13 @@ def _set_thread_intraop_threads(n: int) -> None:
     training step on another thread, two-thread decode steps took 7.8 ms and one-thread ones 4.2 ms
     (the trainer's team and the engine's contend for 2 cores), while the update keeps both cores.
 
-    No parallel region may run in this thread before the team size is set: one would start an OpenMP
-    worker thread that lives on, and once a process has more OpenMP threads than cores, libgomp cuts
-    every team's spin-wait between regions to almost nothing, so the trainer's update, thousands of
-    small regions, sleeps and wakes at each (measured: the update took 0.21 s instead of 0.14 s for as
-    long as an engine had decoded, 2026-12-03). So torch's own per-thread setup runs first (it may set
-    the team size, at the first call that asks for it), then OpenMP's is set."""
-    torch.get_num_threads()
+    The large op first starts torch's per-thread setup and an OpenMP helper thread that lives on. With
+    more OpenMP threads than cores, libgomp shortens every team's spin-wait between regions to almost
+    nothing. Setting the size first (no helper) made one process's update 1.5x faster (0.14 against
+    0.21 s) but the demo's updates 1.6-3.8x slower, most likely as its trainer processes then spin
+    against each other on the 2 cores they share (docs/results.md, "Decode path"). So the helper
+    stays, on purpose."""
+    torch.zeros(1 << 20).add_(1)  # torch sets this thread's OpenMP team size at its first parallel op
     with contextlib.suppress(OSError, AttributeError):  # torch's OpenMP runtime is libgomp on Linux wheels
         ctypes.CDLL("libgomp.so.1").omp_set_num_threads(n)
 

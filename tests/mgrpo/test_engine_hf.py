@@ -204,23 +204,3 @@ def test_own_weights_swap_between_steps(tiny_model, small_task, tokenizer, stati
             assert eng.generate([p], SamplingParams(max_new_tokens=3, seed=1))[0].weights_version == 4
     finally:
         eng.close()
-
-
-def test_the_worker_starts_no_openmp_thread(tiny_model, small_task, tokenizer, static_cache):
-    """The engine's worker decodes on one OpenMP thread without ever starting a team of two: a team's
-    helper thread would outlive it, and once a process has more OpenMP threads than cores libgomp
-    stops spin-waiting between regions, which made the trainer's update 1.5x slower (`hf.py`,
-    `_set_thread_intraop_threads`). So a decode adds the worker itself and no other thread."""
-    import os
-
-    def threads() -> int:
-        return len(os.listdir("/proc/self/task"))
-
-    torch.zeros(1 << 20).add_(1)  # this thread's own team exists before counting
-    before = threads()
-    eng = HFEngine(tiny_model, tokenizer, static_cache=static_cache)
-    try:
-        eng.generate(prompts(small_task, tokenizer, 16), SamplingParams(max_new_tokens=8, seed=0))
-        assert threads() == before + 1
-    finally:
-        eng.close()

@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.mfu import flops_per_token, synthetic_batch
 from mgrpo.training import UpdateSettings, ppo_update
 
-# (hidden, layers, heads, kv heads, head dim, MLP width): ~0.3M for --quick, ~110M and ~0.5B on a GPU
+# (hidden, layers, heads, kv heads, head dim, MLP width): ~0.3M for --quick, ~110M and 306M on a GPU
 SIZES = {
     "quick": (64, 2, 4, 2, 16, 128),
     "110m": (768, 12, 12, 4, 64, 2048),
-    "470m": (1024, 24, 16, 8, 64, 3072),
+    "300m": (1024, 24, 16, 8, 64, 3072),
 }
 VOCAB = 4096
 
@@ -178,6 +178,9 @@ def main() -> None:
     held: dict[str, Any] = {}
 
     def part(name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        free_gb = torch.cuda.mem_get_info()[0] / 2**30 if device.type == "cuda" else None
         t0 = time.perf_counter()
         try:
             out = fn()
@@ -190,14 +193,16 @@ def main() -> None:
                 "trace": traceback.format_exc()[-2000:],
             }
         summary[name]["wall_s"] = time.perf_counter() - t0
+        summary[name]["gpu_free_gib_before"] = free_gb
         print(json.dumps({name: {k: v for k, v in summary[name].items() if k != "trace"}}), flush=True)
 
     part("fsdp", lambda: check_fsdp(device, size, batch, seq))
     part("megatron", lambda: check_megatron(device))
     part("megatron_moe", lambda: check_megatron(device, moe=True))
-    part("mfu", lambda: check_mfu(device, "quick" if args.quick else "470m", batch, seq))
+    part("mfu", lambda: check_mfu(device, "quick" if args.quick else "300m", batch, seq))
     if "policy" in held:
         part("weight_sync", lambda: check_weight_sync(device, held["policy"], held["model"]))
+    summary["jax_imported"] = "jax" in sys.modules  # it would hold 75 % of the GPU (gpu_check.sh)
     args.out.write_text(json.dumps(summary, indent=1))
     dist.destroy_process_group()
     sys.exit(0 if all(v.get("ok") for v in summary.values() if isinstance(v, dict)) else 1)

@@ -8,6 +8,7 @@ same code that loads a real checkpoint.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -110,6 +111,20 @@ def place(model: PreTrainedModel, device: torch.device | str) -> PreTrainedModel
     """Move a model to `device` in place and return it (typed: transformers' own `.to` is not)."""
     torch.nn.Module.to(model, device)
     return model
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """The keyword a model's forward takes its KV cache by: `cache` in recent transformers 5.x, where
+    `past_key_values` is its deprecated alias, and `past_key_values` before (5.17 has no `cache`: it
+    would land in `**kwargs` and be ignored, silently recomputing nothing from the cache)."""
+    cls = type(model)
+    if cls not in _CACHE_KEYWORD:
+        params = inspect.signature(cls.forward).parameters
+        _CACHE_KEYWORD[cls] = "cache" if "cache" in params else "past_key_values"
+    return {_CACHE_KEYWORD[cls]: cache}
+
+
+_CACHE_KEYWORD: dict[type, str] = {}
 
 
 def n_params(model: torch.nn.Module) -> int:

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache, PreTrainedModel
 
-from mgrpo.models import target_logprobs, token_logprobs
+from mgrpo.models import cache_kwargs, target_logprobs, token_logprobs
 
 
 def shares_prefixes(model: Any) -> str | None:
@@ -87,8 +87,8 @@ def shared_prefix_logprobs(
         pre_mask[g, :p] = 1
     positions = torch.arange(width, device=dev).expand(len(prompt_len), -1)
     cache = DynamicCache(config=getattr(model, "config", None))
-    pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=positions, cache=cache,
-                use_cache=True)  # fmt: skip
+    pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=positions, use_cache=True,
+                **cache_kwargs(model, cache))  # fmt: skip
     rows = torch.tensor(group_of, device=dev)
     starts = torch.tensor(prompt_len, device=dev)[rows]  # (B,) each row's first own token
     last = pre.logits[torch.arange(len(prompt_len), device=dev), torch.tensor(prompt_len, device=dev) - 1]
@@ -98,7 +98,7 @@ def shared_prefix_logprobs(
     inside = cols < lengths.unsqueeze(-1)
     own_ids = input_ids.gather(1, cols.clamp(max=input_ids.shape[1] - 1)) * inside
     mask = torch.cat([pre_mask[rows], inside.to(attention_mask.dtype)], dim=1)  # prompt (padded) + own
-    out = model(input_ids=own_ids, attention_mask=mask, position_ids=cols, cache=cache)
+    out = model(input_ids=own_ids, attention_mask=mask, position_ids=cols, **cache_kwargs(model, cache))
     logits = torch.cat([last[rows].unsqueeze(1), out.logits[:, :-1]], dim=1)  # (B, S, V): predict own_ids
     logp = target_logprobs(logits, own_ids, temperature)  # (B, S)
     # column t of the result scores token t + 1: a row's own token j (at column starts + j) goes to starts + j − 1

@@ -25,6 +25,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from mgrpo.engines.static_decoder import StaticDecoder, static_unsupported
+from mgrpo.models import cache_kwargs
 
 __all__ = ["Decoder", "DynamicDecoder", "StaticDecoder", "make_decoder", "static_unsupported"]
 
@@ -115,8 +116,8 @@ class DynamicDecoder:
     def _forward(
         self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
-                         logits_to_keep=1)  # fmt: skip
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **cache_kwargs(self.model, cache))  # fmt: skip
         return out.logits[:, -1].float()  # (B, V)
 
     def _join(self, cache: DynamicCache, attn: torch.Tensor, pos: torch.Tensor) -> None:

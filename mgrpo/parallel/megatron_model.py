@@ -10,8 +10,9 @@ state around attention dropout; the shim answers the first with the CPU and make
 exchange of activation shapes) a no-op, `Tensor.cuda()` (where the last stage's copy of a tied
 embedding is moved before its first all-reduce) the tensor itself, and places the 1F1B schedule's
 token counter (`torch.zeros(…, device="cuda")`) on the CPU. For experts, megatron-core 0.16's router
-tests `te_general_gemm`, a name it imports only with TransformerEngine: the shim sets it to None, so
-the router takes its torch path. Nothing else of megatron-core changes:
+tests `te_general_gemm`, a name it imports only with TransformerEngine (a NameError without it, on
+the GPU too, seen 2026-12-04): building the model sets it to None, so the router takes its torch path.
+Nothing else of megatron-core changes:
 the same modules, the same schedule, the same collectives (gloo), the same numbers.
 """
 
@@ -156,16 +157,22 @@ def _zeros_on_cpu(zeros: Any) -> Any:
     return placed
 
 
+def _router_without_te() -> None:
+    """megatron-core 0.16's MoE router tests `te_general_gemm`, which it defines only when
+    TransformerEngine imports: None sends it down its torch path (module docstring)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 @contextlib.contextmanager
 def cpu_shim() -> Iterator[None]:
     """Run megatron-core on the CPU (see the module docstring) while inside: `torch.cuda.current_device()`
     is the CPU, `torch.cuda.synchronize()` and the tensor-parallel RNG fork no-ops, `Tensor.cuda()`
     the tensor itself, and `torch.zeros(…, device="cuda")` a CPU tensor."""
     from megatron.core import tensor_parallel
-    from megatron.core.transformer.moe import moe_utils
 
-    if not hasattr(moe_utils, "te_general_gemm"):  # imported only with TransformerEngine, then tested
-        moe_utils.te_general_gemm = None  # for None: the torch path
     tracker = tensor_parallel.get_cuda_rng_tracker()
     saved = torch.cuda.current_device, tracker.fork, torch.cuda.synchronize, torch.Tensor.cuda, torch.zeros
     setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))  # noqa: B010
@@ -218,6 +225,7 @@ class MegatronCausalLM(torch.nn.Module):
         """`dp`: the data-parallel ranks (a mixture of experts: the expert-parallel ranks, each
         training its own rows of every minibatch, `ppo_update`'s `shard`)."""
         super().__init__()
+        _router_without_te()
         self.config, self.vocab = cfg, cfg.vocab_size
         self.pp, self.stage, self.dp = pp, stage, dp
         self.gpt = build_gpt(cfg, tp, dtype, pp, stage, ep)

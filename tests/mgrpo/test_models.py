@@ -1,7 +1,17 @@
 import pytest
 import torch
+from transformers import DynamicCache
 
-from mgrpo.models import PRESETS, SPECIAL_TOKENS, build_model, load, n_params, save, token_logprobs
+from mgrpo.models import (
+    PRESETS,
+    SPECIAL_TOKENS,
+    build_model,
+    cache_kwargs,
+    load,
+    n_params,
+    save,
+    token_logprobs,
+)
 
 
 def test_tags_are_single_special_tokens(tokenizer):
@@ -41,3 +51,18 @@ def test_token_logprobs_ignore_padding_side(tiny_model, tokenizer):
     lp_left = token_logprobs(tiny_model, left, (left != pad).long())[0, 2:]
     lp_right = token_logprobs(tiny_model, right, (right != pad).long())[0, : len(ids) - 1]
     assert torch.allclose(lp_left, lp_right, atol=1e-5)
+
+
+def test_cache_kwargs_reach_the_forward(tiny_model):
+    """The cache goes in under the keyword this transformers version reads (a wrong one lands in
+    `**kwargs` unread): the prefill fills it, and a step from it equals the whole sequence's forward."""
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    cache = DynamicCache(config=tiny_model.config)
+    with torch.no_grad():
+        tiny_model(input_ids=ids[:, :4], use_cache=True, **cache_kwargs(tiny_model, cache))
+        assert cache.get_seq_length() == 4
+        step = tiny_model(
+            input_ids=ids[:, 4:], position_ids=torch.tensor([[4]]), **cache_kwargs(tiny_model, cache)
+        )
+        whole = tiny_model(input_ids=ids).logits[:, -1]
+    torch.testing.assert_close(step.logits[:, -1], whole, atol=1e-5, rtol=1e-5)

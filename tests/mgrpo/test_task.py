@@ -1,5 +1,8 @@
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -123,3 +126,15 @@ def test_a_corpus_of_your_documents(tmp_path):
     docs.write_text('{"id": "a1", "text": "x"}\n{"title": "no id"}\n')
     with pytest.raises(ValueError, match=r"docs.jsonl:2: .*'id' and 'text'"):
         load_documents(docs)
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, "cpu"), ("cuda", "cuda")])
+def test_the_search_index_keeps_jax_off_the_gpu_unless_told(given, want):
+    """bm25s runs a JAX op on import where JAX is installed, and JAX would take 75 % of the GPU from
+    the trainer in the same process: importing the task keeps JAX on the CPU, unless the user chose."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | (
+        {"JAX_PLATFORMS": given} if given else {}
+    )
+    code = "import os, sys, mgrpo.tasks.deep_research; print(os.environ.get('JAX_PLATFORMS'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == want

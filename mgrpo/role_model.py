@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -39,6 +40,8 @@ from mgrpo.checkpoint import (
 )
 from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.replicas import ReplicatedEngine
+from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
 from mgrpo.parallel import ranks
 from mgrpo.parallel.group import joined_world
@@ -68,13 +71,19 @@ def _yielding(on: bool) -> Iterator[None]:
             os.setpriority(os.PRIO_PROCESS, tid, before)
 
 
+def _broadcasts(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
+    """Whether the engine's servers take each policy by broadcast (else from the checkpoint folder)."""
+    return isinstance(engine, SGLangEngine | ReplicatedEngine) and engine.weight_sync == "distributed"
+
+
 class RoleModel:
     def __init__(self, cfg: JobConfig, role: str, *, cache_dir: Path, checkpoint_dir: Path, job_id: str,
                  last_step: int, device: torch.device | str = "cpu", sglang_url: str = "", max_batch: int = 64,
-                 model_role: str | None = None) -> None:  # fmt: skip
+                 model_role: str | None = None, sglang_sync_host: str = "") -> None:  # fmt: skip
         """`role`: whose update settings and checkpoints these are; `model_role` (default `role`): whose
         starting model to load (`single` for the single-agent baseline). `last_step`: the last step the
-        ledger holds for the role (-1: none), resumed from its checkpoint."""
+        ledger holds for the role (-1: none), resumed from its checkpoint. `sglang_sync_host`: push each
+        policy to the SGLang servers by broadcast from this address (`mgrpo.engines.sglang`), not by disk."""
         self.cfg, self.role = cfg, role
         self.checkpoint_dir, self.ckpt_root = checkpoint_dir, checkpoint_dir / job_id / role
         resume = latest_checkpoint(self.ckpt_root, step=last_step) if last_step >= 0 else None
@@ -96,7 +105,8 @@ class RoleModel:
         self.version = resume.version if resume else 0
         self.start_step = last_step + 1
         self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source, max_batch=max_batch,
-                                     own_weights=cfg.max_staleness > 0, version=self.version)  # fmt: skip
+                                     own_weights=cfg.max_staleness > 0, version=self.version,
+                                     sync_host=sglang_sync_host)  # fmt: skip
         self.spec = cfg.model_of("planner" if role == "single" else role)
         self.settings = UpdateSettings.of(optim, self.spec.temperature)
 
@@ -130,6 +140,10 @@ class RoleModel:
                 self.engine.weights_version = self.version
         if isinstance(self.engine, HFEngine) and not self.engine.shares_weights:
             self.engine.push_weights(self.model, self.version)
+        elif _broadcasts(self.engine):
+            t0 = time.perf_counter()
+            self.engine.push_weights(self.model, self.version)
+            metrics["sglang_push_s"] = time.perf_counter() - t0
         return {**metrics, **report}
 
     def drops(self, sample: Sample) -> bool:
@@ -163,7 +177,12 @@ class RoleModel:
             state = ranks.call("optimizer_state")
         ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, state, step=step, version=self.version,
                                keep_every_steps=self.cfg.checkpoint_keep_every_steps, write_optimizer=write)  # fmt: skip
-        if push and not self.engine.shares_weights and not isinstance(self.engine, HFEngine):
+        if (
+            push
+            and not self.engine.shares_weights
+            and not isinstance(self.engine, HFEngine)
+            and not _broadcasts(self.engine)
+        ):
             self.engine.update_weights(str(ckpt.path), self.version)  # an SGLang server reads the folder
         return ckpt
 

@@ -12,7 +12,7 @@ from mgrpo.config import JobConfig
 from mgrpo.engines.base import RolloutEngine
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.replicas import ReplicatedEngine
-from mgrpo.engines.sglang import SGLangEngine
+from mgrpo.engines.sglang import SGLangEngine, WeightSync
 from mgrpo.models import load, place
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
@@ -100,17 +100,26 @@ def rollout_engine(
     max_batch: int = 64,
     own_weights: bool = False,
     version: int = 0,
+    sync_host: str = "",
 ) -> RolloutEngine:
     """The trainer's rollout engine: the in-process `hf` engine on the trainer's model (`own_weights`:
     on its own copy, swapped at each push), or, with `sglang_url`, that SGLang server (several,
     comma-separated: its replicas, `mgrpo.engines.replicas`), first loaded with `weights` (a folder
-    the servers can read) as policy `version`."""
+    the servers can read) as policy `version`; with `sync_host`, the servers take `model` itself and
+    every later policy by broadcast from that address (`mgrpo.engines.sglang`)."""
     if not sglang_url:
         return HFEngine(model, tokenizer, max_batch=max_batch, own_weights=own_weights, version=version)
     urls = [u.strip() for u in sglang_url.split(",") if u.strip()]
-    servers = [SGLangEngine(u, eos_token_id=tokenizer.eos_token_id) for u in urls]
-    engine: RolloutEngine = servers[0] if len(servers) == 1 else ReplicatedEngine(servers)
-    engine.update_weights(weights, version)
+    sync: WeightSync = "distributed" if sync_host else "disk"
+    servers = [
+        SGLangEngine(u, eos_token_id=tokenizer.eos_token_id, weight_sync=sync, sync_host=sync_host)
+        for u in urls
+    ]
+    engine = servers[0] if len(servers) == 1 else ReplicatedEngine(servers)
+    if sync_host:
+        engine.push_weights(model, version)
+    else:
+        engine.update_weights(weights, version)
     return engine
 
 

@@ -55,7 +55,8 @@ EVAL_STEP, PROBE_STEP = 999_998, 999_999
 
 class PlannerJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
+                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "",
+                 sglang_sync_host: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.callees = store, job_id, cfg, callees
         self.remote = cfg.callee_trainers
         self.single = cfg.mode == "single_agent"
@@ -65,7 +66,7 @@ class PlannerJob(RootJob):
         self.tools = ToolBox(cfg.tools_of("planner") if self.single else [], self.task.tools)
         last = store.ledger.last_step(job_id, "planner")
         self.m = RoleModel(cfg, "planner", cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                           last_step=last, device=device, sglang_url=sglang_url, max_batch=256,
+                           last_step=last, device=device, sglang_url=sglang_url, sglang_sync_host=sglang_sync_host, max_batch=256,
                            model_role="single" if self.single else "planner")  # fmt: skip
         self.start_step, self.engine, self.tokenizer = self.m.start_step, self.m.engine, self.m.tokenizer
         spec = self.m.spec

@@ -38,7 +38,8 @@ TRAIN_POOL = 3000  # train problems a job draws its steps from
 
 class MarsRootJob(RootJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "") -> None:  # fmt: skip
+                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "",
+                 sglang_sync_host: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg = store, job_id, cfg
         self.root, self.local = cfg.flow.root, cfg.root_roles
         self.remote = cfg.callee_trainers
@@ -48,7 +49,7 @@ class MarsRootJob(RootJob):
         self.callees = callees
         last = store.ledger.last_step(job_id, self.root)
         self.m = RoleModel(cfg, self.root, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                           last_step=last, device=device, sglang_url=sglang_url, max_batch=256)  # fmt: skip
+                           last_step=last, device=device, sglang_url=sglang_url, sglang_sync_host=sglang_sync_host, max_batch=256)  # fmt: skip
         self.agent = TurnAgent(self.m.engine, self.m.tokenizer, temperature=self.m.spec.temperature,
                                max_new_tokens=self.m.spec.max_new_tokens_per_turn)  # fmt: skip
         mc = cfg.marsrl

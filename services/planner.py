@@ -47,7 +47,8 @@ class PlannerRuntime:
         self.store.capabilities.issue_secret(job_id)  # signs this job's delegations and sessions
         clients = {r: self._client(r, cfg, job_id) for r in cfg.callee_trainers}
         common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
-                                      device=resolve_device(s.device), sglang_url=s.sglang_url)  # fmt: skip
+                                      device=resolve_device(s.device), sglang_url=s.sglang_url,
+                                      sglang_sync_host=s.sglang_sync_host)  # fmt: skip
         custom = get_workflow(cfg.workflow).root_job  # a plugin's own root job class
         if cfg.engine == "openai_agents":  # the agent program reaches every role, this one included
             urls = {ROLE: s.public_url, **{r: s.callee_url(r) or "" for r in cfg.callee_trainers}}

@@ -90,7 +90,12 @@ class Settings(BaseSettings):
     )
     sglang_url: str = Field(
         "",
-        description="The SGLang server this trainer rolls out with, or several comma-separated (its replicas: prompts routed by prefix, else to the least loaded); each must read the checkpoint volume (every new policy is pushed with update_weights_from_disk); '' = the in-process hf engine.",
+        description="The SGLang server this trainer rolls out with, or several comma-separated (its replicas: prompts routed by prefix, else to the least loaded); each must read the checkpoint volume (every new policy is pushed with update_weights_from_disk, unless sglang_sync_host is set); '' = the in-process hf engine.",
+    )
+    sglang_sync_host: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9.\-]*$",
+        description="The address the SGLang servers reach this trainer at: every new policy then goes to them by torch.distributed broadcast (NCCL on GPUs; SGLang's update_weights_from_distributed) after each update, not from the checkpoint volume; '' = from disk.",
     )
     device: str = Field(
         "cpu",

@@ -37,7 +37,8 @@ class SubagentRuntime:
                 f"this service trains role {ROLE!r}, which the job's {cfg.workflow} workflow does not give a trainer of its own"
             )
         job = callee_job(cfg)(self.store, job_id, cfg, ROLE, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
-                              device=resolve_device(s.device), sglang_url=s.sglang_url, consumer_name=s.consumer_name)  # fmt: skip
+                              device=resolve_device(s.device), sglang_url=s.sglang_url, sglang_sync_host=s.sglang_sync_host,
+                              consumer_name=s.consumer_name)  # fmt: skip
         self.job = job
         try:
             job.run()

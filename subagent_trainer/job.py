@@ -64,11 +64,13 @@ class CalleeJob:
     intake: ClassVar[type[StepMessage]]
 
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, role: str, *, cache_dir: Path, checkpoint_dir: Path,
-                 device: torch.device | str = "cpu", sglang_url: str = "", consumer_name: str = "") -> None:  # fmt: skip
+                 device: torch.device | str = "cpu", sglang_url: str = "", sglang_sync_host: str = "",
+                 consumer_name: str = "") -> None:  # fmt: skip
         self.store, self.job_id, self.cfg, self.role = store, job_id, cfg, role
         self.consumer_name = consumer_name or f"{role}-trainer"
         self.m = RoleModel(cfg, role, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                           last_step=store.ledger.last_step(job_id, role), device=device, sglang_url=sglang_url)  # fmt: skip
+                           last_step=store.ledger.last_step(job_id, role), device=device, sglang_url=sglang_url,
+                           sglang_sync_host=sglang_sync_host)  # fmt: skip
         self.trains = cfg.mode == "co_train"
         self.last_request_s = time.monotonic()  # when an episode was last asked for
         store.policies.publish(

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+import torch
+
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.sglang import SGLangEngine
 
@@ -32,6 +34,7 @@ class ReplicatedEngine:
             raise ValueError("ReplicatedEngine needs at least one replica")
         self.replicas = list(replicas)
         self.weights_version = 0
+        self.weight_sync = replicas[0].weight_sync  # the same for every replica (runtime.rollout_engine)
         self.in_flight = [0] * len(self.replicas)  # prompts sent and not yet answered, per replica
         self._home: OrderedDict[tuple[int, ...], int] = OrderedDict()  # prefix → its replica
         self._lock = threading.Lock()
@@ -82,6 +85,13 @@ class ReplicatedEngine:
         for future in [self._pool.submit(e.update_weights, path, new) for e in self.replicas]:
             future.result()
         self.weights_version = new
+
+    def push_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Every replica takes `model`'s parameters by broadcast (one after another: each has its own
+        group); the version moves when all did."""
+        for e in self.replicas:
+            e.push_weights(model, version)
+        self.weights_version = version
 
     @contextmanager
     def paused(self) -> Iterator[None]:

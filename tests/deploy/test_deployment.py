@@ -161,8 +161,17 @@ def test_a_role_with_sglang_replicas_gets_them_and_pushes_to_each():
     ]
     assert by[("PersistentVolumeClaim", "rel-mgrpo-planner-data")]["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert not any(d["kind"] == "StatefulSet" and "planner" in d["metadata"]["name"] for d in docs)
+    assert not any(e["name"] == "MGRPO_SGLANG_SYNC_HOST" for e in trainer["env"])  # disk by default
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    values["roles"][1]["sglang"]["weightSync"] = "distributed"
+    docs = render({**values, "apiToken": "t"})
+    trainer = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-mgrpo-subagent"
+    )
+    env = trainer["spec"]["template"]["spec"]["containers"][0]["env"]
+    (host,) = [e for e in env if e["name"] == "MGRPO_SGLANG_SYNC_HOST"]
+    assert host["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     values["roles"][1]["sglang"]["modelPath"] = ""
     with pytest.raises(Exception, match=r"roles\[\]\.sglang\.modelPath"):
         render({**values, "apiToken": "t"})

@@ -1,17 +1,23 @@
-"""A stand-in for an SGLang server: the same `/generate` and `/update_weights_from_disk` JSON,
-answered by the real `hf` engine. Used by CI, which has no GPU to run SGLang on."""
+"""A stand-in for an SGLang server: the same `/generate`, `/update_weights_from_disk`,
+`/get_server_info`, `/init_weights_update_group` and `/update_weights_from_distributed` JSON, answered
+by the real `hf` engine; the pushed weights come over a real torch.distributed group (gloo). Used by
+CI, which has no GPU to run SGLang on. `python -m tests.mgrpo.sglang_standin MODEL_DIR PORT` serves one
+in its own process (a weight group needs the trainer and the server in different processes)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
 
+import torch
 import uvicorn
 from fastapi import FastAPI
 
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
+from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group
 from shared_store.embedded import free_port
 
 
@@ -52,6 +58,36 @@ def make_app(engine: HFEngine, calls: dict[str, list[Any]]) -> FastAPI:
             return {"success": False, "message": str(exc)}
         return {"success": True, "message": "ok"}
 
+    groups: dict[str, Any] = {}
+
+    @app.get("/get_server_info")
+    def server_info() -> Any:
+        return {"tp_size": 1}
+
+    @app.post("/init_weights_update_group")
+    def init_group(body: dict[str, Any]) -> Any:
+        calls.setdefault("init_group", []).append(body)
+        groups[body["group_name"]] = open_weight_group(
+            body["backend"], body["master_address"], body["master_port"], body["world_size"],
+            body["rank_offset"], body["group_name"], timeout_s=60,
+        )  # fmt: skip
+        return {"success": True, "message": "joined"}
+
+    @app.post("/update_weights_from_distributed")
+    def update_distributed(body: dict[str, Any]) -> Any:
+        calls.setdefault("update_distributed", []).append(body["weight_version"])
+        received = [torch.empty(shape, dtype=getattr(torch, dtype))
+                    for dtype, shape in zip(body["dtypes"], body["shapes"], strict=True)]  # fmt: skip
+        broadcast_tensors(received, groups[body["group_name"]])
+        params = dict(engine.model.named_parameters())
+        missing = [n for n in body["names"] if n not in params]
+        if missing:
+            return {"success": False, "message": f"unknown parameters {missing[:3]}"}
+        with engine.paused(), torch.no_grad():
+            for name, t in zip(body["names"], received, strict=True):
+                params[name].copy_(t)
+        return {"success": True, "message": "ok"}
+
     return app
 
 
@@ -73,3 +109,11 @@ class StandIn:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=5)
+
+
+if __name__ == "__main__":
+    from mgrpo.models import load
+
+    model, tokenizer = load(sys.argv[1])
+    calls: dict[str, list[Any]] = {}
+    uvicorn.run(make_app(HFEngine(model, tokenizer), calls), port=int(sys.argv[2]), log_level="warning")

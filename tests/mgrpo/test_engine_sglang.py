@@ -3,7 +3,12 @@
 
 import copy
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -13,7 +18,10 @@ from mgrpo.engines.replicas import ReplicatedEngine
 from mgrpo.engines.sglang import SGLangEngine, SGLangError
 from mgrpo.models import build_model, load, save, token_logprobs
 from mgrpo.runtime import rollout_engine
+from shared_store.embedded import free_port
 from tests.mgrpo.sglang_standin import StandIn
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -93,6 +101,57 @@ def test_replicas_route_by_prefix_and_all_take_every_policy(tiny_model, tokenize
         eng.close()
 
 
+def test_distributed_push_reaches_every_replica(tiny_model, tokenizer, tmp_path):
+    """`sync_host` set: the weights go over real torch.distributed groups (gloo here; NCCL to real SGLang
+    servers on GPUs, which CI cannot run) to two stand-in servers, each in its own process and started
+    from another model. The engine pushes the trainer's model first, then each new policy; after each
+    push both replicas' log-probs are the pushed model's, and each replica's group is opened once."""
+    folder = save(build_model("tiny", tokenizer, seed=5), tokenizer, tmp_path / "other")
+    ports = [free_port(), free_port()]
+    servers = [subprocess.Popen([sys.executable, "-m", "tests.mgrpo.sglang_standin", str(folder), str(p)], cwd=ROOT)
+               for p in ports]  # fmt: skip
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    eng = None
+    try:
+        for url in urls:
+            wait_until_up(url)
+        eng = rollout_engine(tiny_model, tokenizer, ",".join(urls), weights="unused", sync_host="127.0.0.1")
+        assert isinstance(eng, ReplicatedEngine) and eng.weight_sync == "distributed"
+        pa = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
+        pb = tokenizer.encode("Dodus is", add_special_tokens=False)
+        assert_logprobs(
+            tiny_model, [pa, pb], eng.generate([pa, pb], SamplingParams(max_new_tokens=6, seed=1))
+        )
+        assert eng.route([pa, pb]) == [0, 1]  # one prompt on each replica
+        eng.in_flight = [0, 0]
+        trained = build_model("tiny", tokenizer, seed=9)  # other weights, the same names and shapes
+        for version in (2, 3):
+            eng.push_weights(trained, version)
+            out = eng.generate([pa, pb], SamplingParams(max_new_tokens=6, seed=version))
+            assert eng.weights_version == version and {s.weights_version for s in out} == {version}
+            assert_logprobs(trained, [pa, pb], out)
+            with torch.no_grad():
+                for p in trained.parameters():
+                    p.mul_(0.5)
+    finally:
+        if eng is not None:
+            eng.close()
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def wait_until_up(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/get_server_info", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise TimeoutError(f"the stand-in at {url} did not start")
+
+
 def assert_logprobs(model, prompts, samples) -> None:
     for p, s in zip(prompts, samples, strict=True):
         ids = torch.tensor([p + s.token_ids])
@@ -103,6 +162,14 @@ def assert_logprobs(model, prompts, samples) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not os.environ.get("SGLANG_URL"), reason="set SGLANG_URL to a running SGLang server")
 def test_real_sglang_server():
+    """Generate, then push the server's own model (read from its `model_path`, on this machine's GPU)
+    by NCCL broadcast, and generate again from the pushed weights."""
     eng = SGLangEngine(os.environ["SGLANG_URL"])
     (s,) = eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8))
     assert len(s.token_ids) == len(s.logprobs) >= 1
+    path = httpx.get(f"{os.environ['SGLANG_URL']}/get_server_info", timeout=10).json()["model_path"]
+    pusher = SGLangEngine(os.environ["SGLANG_URL"], weight_sync="distributed", sync_host="127.0.0.1")
+    pusher.push_weights(load(path)[0].to("cuda"), version=1)
+    (again,) = pusher.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert again.weights_version == 1 and len(again.token_ids) >= 1
+    pusher.close()

@@ -14,6 +14,9 @@ Parts, each timed and recorded even when another fails:
   that fits, against the fp32 and bf16 matmul peaks measured in the same run.
 - `weight_sync`: the sharded policy's sync into a full model (the engine's) against a raw copy of
   the same bytes on the same device.
+- `autocast`: what bf16 autocast would do to the one-process update (it runs fp32): its time and
+  model FLOP/s on the `mfu` size, and how far its token log-probs fall from fp32's (the PPO ratio's
+  noise against fp32 rollouts). A measurement only: no setting turns it on.
 """
 
 from __future__ import annotations
@@ -151,6 +154,30 @@ def check_mfu(device: torch.device, size: str, batch: int, seq: int) -> dict[str
             "matmul_peak_tflops": peaks, "mfu_vs_fp32_peak": achieved / peaks["float32"], "mfu_vs_bf16_peak": achieved / peaks["bfloat16"]}  # fmt: skip
 
 
+def check_autocast(device: torch.device, size: str, batch: int, seq: int) -> dict[str, Any]:
+    from mgrpo.models import token_logprobs
+
+    model = model_of(size, device)
+    ids = torch.randint(1, VOCAB, (batch, seq), device=device)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        exact = token_logprobs(model, ids, mask)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            cast = token_logprobs(model, ids, mask)
+    diff = (cast - exact).abs()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    rows = synthetic_batch(VOCAB, batch, seq)
+    settings = UpdateSettings(minibatch_size=batch)
+
+    def update() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            ppo_update(model, opt, rows, settings, pad_id=0)
+
+    s = timed(update, device, 2)
+    return {"size": size, "update_s": s, "model_tflops_per_s": flops_per_token(model, seq) * batch * seq / s / 1e12,
+            "logprob_abs_diff_max": float(diff.max()), "logprob_abs_diff_mean": float(diff.mean())}  # fmt: skip
+
+
 def check_weight_sync(device: torch.device, policy: Any, model: torch.nn.Module) -> dict[str, Any]:
     nbytes = sum(p.numel() * 4 for p in model.parameters())
     s = timed(lambda: policy.sync_into(model), device, 3)
@@ -200,6 +227,7 @@ def main() -> None:
     part("megatron", lambda: check_megatron(device))
     part("megatron_moe", lambda: check_megatron(device, moe=True))
     part("mfu", lambda: check_mfu(device, "quick" if args.quick else "300m", batch, seq))
+    part("autocast", lambda: check_autocast(device, "quick" if args.quick else "300m", batch, seq))
     if "policy" in held:
         part("weight_sync", lambda: check_weight_sync(device, held["policy"], held["model"]))
     summary["jax_imported"] = "jax" in sys.modules  # it would hold 75 % of the GPU (gpu_check.sh)

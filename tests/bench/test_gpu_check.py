@@ -19,7 +19,10 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
-    assert all(summary[p]["ok"] for p in ("fsdp", "megatron", "megatron_moe", "mfu", "weight_sync")), summary
+    assert all(
+        summary[p]["ok"] for p in ("fsdp", "megatron", "megatron_moe", "mfu", "autocast", "weight_sync")
+    ), summary
+    assert 0 < summary["autocast"]["logprob_abs_diff_max"] < 1 and summary["autocast"]["update_s"] > 0
     for part in ("megatron", "megatron_moe"):
         assert summary[part]["round_trip_exact"] and summary[part]["logits_max_diff"] < 1e-4, part
     assert summary["fsdp"]["train_tokens_per_s"] > 0 and 0 < summary["mfu"]["mfu_vs_fp32_peak"] < 1

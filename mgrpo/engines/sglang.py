@@ -143,7 +143,12 @@ class SGLangEngine:
     def _open_group(self, device: torch.device) -> Any:
         from mgrpo.parallel.weight_group import open_weight_group
 
-        info = self._client.get("/get_server_info")
+        try:
+            info = self._client.get("/get_server_info")
+        except httpx.HTTPError as exc:
+            raise SGLangError(
+                f"SGLang server at {self.base_url} is unreachable ({exc}); is it running?"
+            ) from exc
         ranks = int(info.json().get("tp_size", 1)) if info.status_code == 200 else 1
         host = self.sync_host or socket.gethostbyname(socket.gethostname())
         with socket.socket() as sock:  # a free port on this host for the group's store
@@ -159,7 +164,7 @@ class SGLangEngine:
             except RuntimeError as exc:
                 raise SGLangError(
                     f"SGLang at {self.base_url} did not join the weight group at {host}:{port} ({exc}); set "
-                    "the trainer's sglang_sync_host to an address the server reaches, or sglang_weight_sync: disk"
+                    "the trainer's MGRPO_SGLANG_SYNC_HOST to an address the server reaches, or empty to push by disk"
                 ) from exc
             out = answer.result()
         if isinstance(out, dict) and out.get("success") is False:

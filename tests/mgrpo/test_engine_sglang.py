@@ -65,6 +65,9 @@ def test_update_weights_and_errors(standin, tiny_model, tokenizer, tmp_path):
                 p.copy_(b)
     with pytest.raises(SGLangError, match="unreachable"):
         SGLangEngine("http://127.0.0.1:1", timeout_s=1).generate([[1]], SamplingParams())
+    gone = SGLangEngine("http://127.0.0.1:1", timeout_s=1, weight_sync="distributed", sync_host="127.0.0.1")
+    with pytest.raises(SGLangError, match="unreachable"):
+        gone.push_weights(tiny_model, 1)
 
 
 def test_replicas_route_by_prefix_and_all_take_every_policy(tiny_model, tokenizer, tmp_path):

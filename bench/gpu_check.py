@@ -1,6 +1,6 @@
 """The GPU check of issue 15, run by `bench/gpu_check.sh` where a GPU is lent; one JSON summary.
 
-    python3 bench/gpu_check.py --out gpu_check.json            # on the GPU (default device: cuda when seen)
+    python3 bench/gpu_check.py --out bench/results/gpu_check.json   # on the GPU (default device: cuda when seen)
     .venv/bin/python bench/gpu_check.py --device cpu --quick   # the same code on the CPU (the tests run this)
 
 Parts, each timed and recorded even when another fails:
@@ -191,7 +191,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the CPU dry run the tests make)")
-    ap.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/gpu_check.json"))
     args = ap.parse_args()
     device = torch.device(
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
@@ -231,6 +231,7 @@ def main() -> None:
     if "policy" in held:
         part("weight_sync", lambda: check_weight_sync(device, held["policy"], held["model"]))
     summary["jax_imported"] = "jax" in sys.modules  # it would hold 75 % of the GPU (gpu_check.sh)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))
     dist.destroy_process_group()
     sys.exit(0 if all(v.get("ok") for v in summary.values() if isinstance(v, dict)) else 1)

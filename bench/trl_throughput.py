@@ -19,21 +19,30 @@ Ours runs once per `hf` engine decoder (`ours`: the static KV cache, `ours_dynam
 `MGRPO_HF_STATIC_CACHE=0`; issue 18), so both ratios come from one run; with `--microbatch-tokens N`
 a third time (`ours_microbatch`: the static decoder, the update in micro-batches of ≤ N padded tokens);
 with `--whole-rows` also `ours_whole_rows`: the static decoder, `optim.shared_prefix` off (the update
-runs every row's prompt itself).
+runs every row's prompt itself); with `--engine-server` also `ours_engine_server`: the rollouts on an
+`mgrpo engine` process (SGLang's API; every new policy pushed by broadcast), the trainer on one torch
+thread (`OMP_NUM_THREADS=1`), and `max_staleness: 1`, so step s + 1 rolls out while step s trains —
+**not the same algorithm as TRL's**: each update trains on samples one policy version old, corrected
+by decoupled PPO's importance weights (docs/algorithm.md §7). `--max-staleness` sets the other arms'.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
 from mgrpo.agents.agents import _stop_ids, planner_prompt
@@ -43,22 +52,43 @@ from mgrpo.runtime import job_task, warmstart_config
 from mgrpo.tasks.deep_research import make_questions
 from mgrpo.warmstart import cached_warmstart
 from services.demo import run_train
+from shared_store.embedded import free_port
 
 
-def job_for(args: argparse.Namespace, microbatch_tokens: int = 0, shared_prefix: bool = True) -> JobConfig:
+def job_for(
+    args: argparse.Namespace,
+    microbatch_tokens: int = 0,
+    shared_prefix: bool = True,
+    max_staleness: int | None = None,
+) -> JobConfig:
     return JobConfig.model_validate({
         "mode": "single_agent", "warmstart_steps": 0, "steps": args.steps, "stage": 2,
         "prompts_per_step": args.prompts, "rollouts_per_query": args.group,
         "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
         "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1,
                           "microbatch_tokens": microbatch_tokens, "shared_prefix": shared_prefix},
-        "max_staleness": args.max_staleness,
+        "max_staleness": args.max_staleness if max_staleness is None else max_staleness,
     })  # fmt: skip
 
 
-def run_ours(job: JobConfig, out: Path, cache_dir: Path, console: Console, *, static: bool) -> dict[str, Any]:
-    os.environ["MGRPO_HF_STATIC_CACHE"] = "1" if static else "0"  # read by every engine the job builds
-    final = run_train(job, out, redis_url=None, cache_dir=cache_dir, console=console)
+def run_ours(
+    job: JobConfig,
+    out: Path,
+    cache_dir: Path,
+    console: Console,
+    *,
+    static: bool,
+    engine_model: Path | None = None,
+) -> dict[str, Any]:
+    """One run of our job; with `engine_model`, rolling out on an `mgrpo engine` server of its own
+    (started from that folder, weights pushed by broadcast) and the trainer on one torch thread."""
+    env = {"MGRPO_HF_STATIC_CACHE": "1" if static else "0"}  # read by every engine the job builds
+    with contextlib.ExitStack() as stack:
+        if engine_model is not None:
+            url = stack.enter_context(engine_server(engine_model, out.parent / f"{out.name}-engine.log"))
+            env |= {"MGRPO_SGLANG_URL": url, "MGRPO_SGLANG_SYNC_HOST": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+        stack.enter_context(environ(env))  # the local cluster's services inherit it
+        final = run_train(job, out, redis_url=None, cache_dir=cache_dir, console=console)
     if final["status"] != "succeeded":
         raise RuntimeError(f"our job {final['status']}: {final['reason']}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -66,6 +96,43 @@ def run_ours(job: JobConfig, out: Path, cache_dir: Path, console: Console, *, st
     tokens = [r["planner/tokens"] for r in rows[1:]]
     phases = {k: statistics.fmean(r[k] for r in rows[1:]) for k in rows[1] if k.startswith("timing/")}
     return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens), "phases_s": phases}
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def engine_server(model: Path, log: Path) -> Iterator[str]:
+    """`mgrpo engine MODEL` in a process of its own, on a free local port: its URL once it answers."""
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "engine", str(model), "--host", "127.0.0.1",
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mgrpo engine did not start; see {log}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dict[str, Any]:
@@ -127,17 +194,20 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
 
 RATIO_KEYS = {"ours": "samples_per_s_ratio", "ours_dynamic": "dynamic_samples_per_s_ratio",
               "ours_microbatch": "microbatch_samples_per_s_ratio",
-              "ours_whole_rows": "whole_rows_samples_per_s_ratio"}  # fmt: skip
+              "ours_whole_rows": "whole_rows_samples_per_s_ratio",
+              "ours_engine_server": "engine_server_samples_per_s_ratio"}  # fmt: skip
 
 
-def arms(args: argparse.Namespace) -> dict[str, tuple[JobConfig, bool]]:
-    """Our sides of the comparison: name → (job, static decoder)."""
-    out = {"ours": (job_for(args), True)}
+def arms(args: argparse.Namespace) -> dict[str, tuple[JobConfig, bool, bool]]:
+    """Our sides of the comparison: name → (job, static decoder, on an engine server)."""
+    out = {"ours": (job_for(args), True, False)}
     if args.microbatch_tokens:
-        out["ours_microbatch"] = (job_for(args, args.microbatch_tokens), True)
+        out["ours_microbatch"] = (job_for(args, args.microbatch_tokens), True, False)
     if args.whole_rows:
-        out["ours_whole_rows"] = (job_for(args, shared_prefix=False), True)
-    out["ours_dynamic"] = (job_for(args), False)
+        out["ours_whole_rows"] = (job_for(args, shared_prefix=False), True, False)
+    out["ours_dynamic"] = (job_for(args), False, False)
+    if args.engine_server:
+        out["ours_engine_server"] = (job_for(args, max_staleness=1), True, True)
     return out
 
 
@@ -180,6 +250,10 @@ def main() -> None:
         help="N > 0: also ours with the update in length-sorted micro-batches of at most N padded tokens",
     )  # fmt: skip
     ap.add_argument("--whole-rows", action="store_true", help="also ours with optim.shared_prefix off")
+    ap.add_argument(
+        "--engine-server", action="store_true",
+        help="also ours pipelined (max_staleness 1) with its rollouts on an `mgrpo engine` process",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("bench/results/trl"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -193,10 +267,10 @@ def main() -> None:
         )  # 0 steps: the preset as built
         results: dict[str, list[dict[str, Any]]] = {side: [] for side in [*ours, "trl"]}
         for r in range(args.repeats):
-            for side, (side_job, static) in ours.items():
-                results[side].append(
-                    run_ours(side_job, Path(tmp) / f"{side}-{r}", cache, console, static=static)
-                )
+            for side, (side_job, static, on_server) in ours.items():
+                engine_model = start.planner_path if on_server else None
+                results[side].append(run_ours(side_job, Path(tmp) / f"{side}-{r}", cache, console, static=static,
+                                              engine_model=engine_model))  # fmt: skip
             results["trl"].append(run_trl(job, start.planner_path, cache, Path(tmp) / f"trl-{r}"))
             console.print(
                 f"repeat {r}: "

@@ -96,14 +96,19 @@ def ppo_update(
         return {"samples": 0.0}
     if stale is not None and len(stale) != len(samples):
         raise ValueError(f"stale has {len(stale)} flags for {len(samples)} samples")
-    prox = _proximal_logprobs(model, samples, stale, settings, pad_id)
     rng = random.Random(seed)
-    totals: dict[str, float] = {}
-    n_updates = 0
-    model.train()
+    orders = []
     for _ in range(settings.ppo_epochs):
         order = list(range(len(samples)))
         rng.shuffle(order)
+        orders.append(order)
+    # one epoch: the first minibatch's forward runs on the pre-update weights (later epochs see it again after steps)
+    first = set(orders[0][: settings.minibatch_size]) if settings.ppo_epochs == 1 else set()
+    prox = _proximal_logprobs(model, samples, stale, settings, pad_id, first)
+    totals: dict[str, float] = {}
+    n_updates = 0
+    model.train()
+    for order in orders:
         for start in range(0, len(order), settings.minibatch_size):
             idx = order[start : start + settings.minibatch_size]
             metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id, ref_model,
@@ -118,19 +123,34 @@ def ppo_update(
     return out
 
 
+class _OwnForward:
+    """The logp_prox of a stale sample in the first minibatch of a one-epoch update: the detached
+    log-probs of that minibatch's own forward, which runs on the weights before any step of this
+    update — the proximal pass's weights — so that pass is not run for it (with one minibatch, not at
+    all). With more epochs the row comes back after steps, so the pass runs for every stale row."""
+
+
+OWN_FORWARD = _OwnForward()
+Prox = torch.Tensor | _OwnForward | None
+
+
 def _proximal_logprobs(
     model: PreTrainedModel,
     samples: Sequence[tuple[Transcript, float]],
     stale: Sequence[bool] | None,
     s: UpdateSettings,
     pad_id: int,
-) -> list[torch.Tensor | None] | None:
+    first: set[int],
+) -> list[Prox] | None:
     """logp_prox of every stale sample (its shifted token log-probs under `model` before this update,
-    length len − 1); None for fresh ones; None overall when no sample is stale."""
+    length len − 1): `OWN_FORWARD` for those in `first` (the first minibatch's rows); None for fresh
+    ones; None overall when no sample is stale."""
     if stale is None or not any(stale):
         return None
-    out: list[torch.Tensor | None] = [None] * len(samples)
-    idx = [i for i, flag in enumerate(stale) if flag]
+    out: list[Prox] = [OWN_FORWARD if flag and i in first else None for i, flag in enumerate(stale)]
+    idx = [i for i, flag in enumerate(stale) if flag and i not in first]
+    if not idx:
+        return out
     model.train()  # the mode the loss's forward runs in
     chunks = [idx[start : start + s.minibatch_size] for start in range(0, len(idx), s.minibatch_size)]
     batches = [collate([samples[i][0] for i in chunk], pad_id).to(model.device) for chunk in chunks]
@@ -199,7 +219,7 @@ def _minibatch(
     s: UpdateSettings,
     pad_id: int,
     ref_model: PreTrainedModel | None,
-    prox: list[torch.Tensor | None] | None = None,
+    prox: list[Prox] | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
     """One optimizer step on a minibatch: this rank's rows (all of them at W = 1), in micro-batches
@@ -283,17 +303,27 @@ def _loss(
     s: UpdateSettings,
     pad_id: int,
     ref_model: PreTrainedModel | None,
-    prox: list[torch.Tensor | None] | None,
+    prox: list[Prox] | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch's loss over its own denominator, and its metrics."""
-    batch, adv, logp_prox = _inputs(part, pad_id, prox, model.device)
+    batch, adv, logp_prox, own = _inputs(part, pad_id, prox, model.device)
     ref_logp = None
     if ref_model is not None:
         with torch.no_grad():
             ref_logp = _logprobs(
                 ref_model, batch, replace(s, compile=False)
             )  # the frozen model: never compiled
-    return _part_loss(_logprobs(model, batch, s), batch, adv, logp_prox, ref_logp, s)
+    logp = _logprobs(model, batch, s)
+    return _part_loss(logp, batch, adv, _with_own(logp_prox, own, logp), ref_logp, s)
+
+
+def _with_own(
+    logp_prox: torch.Tensor | None, own: torch.Tensor | None, logp: torch.Tensor
+) -> torch.Tensor | None:
+    """logp_prox with the `OWN_FORWARD` rows (`own`, (B,) bool) taken from this forward's `logp`."""
+    if logp_prox is None or own is None:
+        return logp_prox
+    return torch.where(own.unsqueeze(-1), logp.detach(), logp_prox)
 
 
 def _logprobs(model: PreTrainedModel, batch: TokenBatch, s: UpdateSettings) -> torch.Tensor:
@@ -314,18 +344,22 @@ def _logprobs(model: PreTrainedModel, batch: TokenBatch, s: UpdateSettings) -> t
 def _inputs(
     part: list[tuple[Transcript, float]],
     pad_id: int,
-    prox: list[torch.Tensor | None] | None,
+    prox: list[Prox] | None,
     device: torch.device,
-) -> tuple[TokenBatch, torch.Tensor, torch.Tensor | None]:
-    """A micro-batch's padded batch, advantages (B,) and logp_prox (None when no row is stale)."""
+) -> tuple[TokenBatch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A micro-batch's padded batch, advantages (B,), logp_prox (None when no row is stale) and which
+    rows take theirs from the forward (`OWN_FORWARD`; None when none)."""
     batch = collate([t for t, _ in part], pad_id).to(device)
-    logp_prox = None
+    logp_prox = own = None
     if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
         logp_prox = batch.logp_old.clone()
         for row, p in enumerate(prox):
-            if p is not None:
+            if isinstance(p, torch.Tensor):
                 logp_prox[row, : p.numel()] = p.to(logp_prox.device)
-    return batch, torch.tensor([a for _, a in part], dtype=torch.float32, device=device), logp_prox
+        if any(p is OWN_FORWARD for p in prox):
+            own = torch.tensor([p is OWN_FORWARD for p in prox], device=device)
+    adv = torch.tensor([a for _, a in part], dtype=torch.float32, device=device)
+    return batch, adv, logp_prox, own
 
 
 def _part_loss(
@@ -350,18 +384,18 @@ def _pipelined(
     s: UpdateSettings,
     pad_id: int,
     ref_model: Any,
-    prox: list[list[torch.Tensor | None] | None],
+    prox: list[list[Prox] | None],
 ) -> list[dict[str, float]]:
     """A pipeline-parallel model's forward/backward of a minibatch's micro-batches: one run of its
     schedule, micro-batch i's loss scaled by `weights[i]` on the last stage; each one's metrics."""
     inputs = [_inputs(part, pad_id, p, model.device) for part, p in zip(parts, prox, strict=True)]
-    ids = [(b.input_ids, b.attention_mask) for b, _, _ in inputs]
+    ids = [(b.input_ids, b.attention_mask) for b, _, _, _ in inputs]
     refs = ref_model.logprobs(ids, s.temperature) if ref_model is not None else [None] * len(ids)
 
     def loss_fn(i: int, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        batch, adv, logp_prox = inputs[i]
-        loss, m = _part_loss(logits_logprobs(logits, batch.input_ids, s.temperature), batch, adv, logp_prox,
-                             refs[i], s)  # fmt: skip
+        batch, adv, logp_prox, own = inputs[i]
+        logp = logits_logprobs(logits, batch.input_ids, s.temperature)
+        loss, m = _part_loss(logp, batch, adv, _with_own(logp_prox, own, logp), refs[i], s)
         return loss * weights[i], m
 
     result: list[dict[str, float]] = model.train_pipeline(ids, loss_fn)

@@ -339,6 +339,30 @@ def train(
 
 
 @app.command()
+def engine(
+    model: Annotated[Path, typer.Argument(help="A save_pretrained folder (model and tokenizer).")],
+    host: Annotated[str, typer.Option(help="Bind address.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port (SGLang's default).")] = 30000,
+    max_batch: Annotated[int, typer.Option(min=1, help="Rows decoded together at most.")] = 64,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve a rollout engine with SGLang's HTTP API (the hf engine, for CPUs): point a trainer at it
+    with MGRPO_SGLANG_URL, and MGRPO_SGLANG_SYNC_HOST to push its weights by broadcast."""
+    import uvicorn
+
+    from mgrpo.engines.server import serve_app
+
+    if not (model / "config.json").is_file():
+        raise fail(f"{model} holds no config.json: pass a folder written by save_pretrained")
+    try:
+        app, _ = serve_app(str(model), max_batch=max_batch)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"mgrpo engine: {model} on http://{host}:{port}")
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+@app.command()
 def schema() -> None:
     """Print the job config's JSON Schema (what POST /v1/jobs and `mgrpo train -c` take)."""
     import json

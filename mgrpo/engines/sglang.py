@@ -8,6 +8,10 @@
   server's ranks (`/get_server_info`'s `tp_size`, offset 1) join a group at `sync_host` with the
   trainer as rank 0 (`mgrpo.parallel.weight_group`); each push is `POST /update_weights_from_distributed`
   with the names, dtypes and shapes, answered once the server received every tensor in that order.
+- Concurrent `generate` calls (an agent loop's episodes, each on its own thread) are sent together:
+  calls that arrive within `coalesce_ms` of the first go as one `/generate` batch with one sampling
+  dict per prompt, so a step's 64 rollouts cost one request, not 64 that reach the server's batch one
+  by one. `coalesce_ms` 0 sends each call as it comes.
 
 SGLang reports log-probs of the sampling distribution; train at the temperature you sample with
 (1.0 by default) so they are the `logp_old` the trainer needs. CI tests this client against a
@@ -17,11 +21,15 @@ it against a real SGLang server. SGLang itself is the optional `gpu` extra (it p
 
 from __future__ import annotations
 
+import queue
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -47,9 +55,10 @@ class SGLangEngine:
         eos_token_id: int | None = None,
         weight_sync: WeightSync = "disk",
         sync_host: str = "",
+        coalesce_ms: float = 5.0,
     ) -> None:
-        """`weight_sync`, `sync_host`: see the module docstring (`sync_host` '' = this host's address
-        by its name, which the server must reach)."""
+        """`weight_sync`, `sync_host`, `coalesce_ms`: see the module docstring (`sync_host` '' = this
+        host's address by its name, which the server must reach)."""
         self.base_url = base_url.rstrip("/")
         self.eos_token_id = eos_token_id
         self.weights_version = 0  # the policy version last loaded with update_weights
@@ -58,6 +67,12 @@ class SGLangEngine:
         self._group: Any = None  # the weight group, opened at the first push
         self._group_name = f"mgrpo-weights-{uuid.uuid4().hex[:8]}"
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self.coalesce_s = coalesce_ms / 1000
+        self.requests = 0  # /generate requests sent
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
+        self._sender_lock = threading.Lock()
+        self._senders = ThreadPoolExecutor(16, thread_name_prefix="sglang-generate")  # batches in flight
 
     def _post(self, path: str, payload: dict[str, Any]) -> Any:
         try:
@@ -71,35 +86,70 @@ class SGLangEngine:
         return resp.json()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
-        sampling: dict[str, Any] = {
-            "max_new_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "skip_special_tokens": False,
-            "spaces_between_special_tokens": False,
-        }
-        if params.stop_token_ids:
-            sampling["stop_token_ids"] = list(params.stop_token_ids)
-        if params.stop:
-            sampling["stop"] = list(params.stop)
-        if params.seed is not None:
-            sampling["sampling_seed"] = params.seed
-        body = {"input_ids": prompts, "sampling_params": sampling, "return_logprob": True}
+        if self.coalesce_s <= 0:
+            return self._generate([(p, params) for p in prompts])
+        with self._sender_lock:
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._coalesce, name="sglang-coalesce", daemon=True)
+                self._sender.start()
+        call = _Call(prompts, params, Future())
+        self._calls.put(call)
+        return call.future.result()
+
+    def _coalesce(self) -> None:
+        """The sender thread: the first waiting call and every call that arrives within `coalesce_s`
+        of it go as one request (sent from a pool, so the next batch gathers meanwhile)."""
+        while True:
+            first = self._calls.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.coalesce_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    call = self._calls.get(timeout=left)
+                except queue.Empty:
+                    break
+                if call is None:
+                    self._calls.put(None)  # close() after this batch
+                    break
+                batch.append(call)
+            self._senders.submit(self._send, batch)
+
+    def _send(self, batch: list[_Call]) -> None:
+        try:
+            samples = self._generate([(p, c.params) for c in batch for p in c.prompts])
+        except BaseException as exc:
+            for c in batch:
+                c.future.set_exception(exc)
+            return
+        start = 0
+        for c in batch:
+            c.future.set_result(samples[start : start + len(c.prompts)])
+            start += len(c.prompts)
+
+    def _generate(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Sample]:
+        """One `/generate` request: a batch of prompts, one sampling dict each (one for all when equal)."""
+        prompts = [p for p, _ in requests]
+        per = [_sampling(params) for _, params in requests]
+        body = {"input_ids": prompts, "sampling_params": per[0] if all(d == per[0] for d in per) else per,
+                "return_logprob": True}  # fmt: skip
+        self.requests += 1
         out = self._post("/generate", body)
+        version = self.weights_version  # after the call: a push during it makes samples newer, not older
         if isinstance(out, dict):
             out = [out]
         if len(out) != len(prompts):
             raise SGLangError(f"SGLang returned {len(out)} results for {len(prompts)} prompts")
-        version = (
-            self.weights_version
-        )  # read before the call: a push during it makes samples newer, not older
-        return [self._sample(o, params, version) for o in out]
+        return [self._sample(o, params, version) for o, (_, params) in zip(out, requests, strict=True)]
 
     def _sample(self, o: dict[str, Any], params: SamplingParams, version: int) -> Sample:
         meta = o.get("meta_info", {})
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(p[1]) for p in pairs]
         logps = [float(p[0]) for p in pairs]
+        sampled_by = str(meta.get("weight_version", ""))  # the server's word, where it says (ours does)
+        version = int(sampled_by) if sampled_by.isdigit() else version
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else str(finish)
         return Sample(ids, logps, self._reason(kind, ids, params), str(o.get("text", "")), version)
@@ -116,10 +166,11 @@ class SGLangEngine:
 
     def update_weights(self, path: str, version: int | None = None) -> None:
         """Load a saved HF folder the server can read; `version`: the policy version it holds."""
-        out = self._post("/update_weights_from_disk", {"model_path": path})
+        version = self.weights_version + 1 if version is None else version
+        out = self._post("/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangError(f"SGLang refused the weights at {path}: {out.get('message')}")
-        self.weights_version = self.weights_version + 1 if version is None else version
+        self.weights_version = version
 
     def push_weights(self, model: torch.nn.Module, version: int) -> None:
         """Broadcast `model`'s parameters (HF names; tied ones once) into the server (module
@@ -177,9 +228,34 @@ class SGLangEngine:
         yield
 
     def close(self) -> None:
+        if self._sender is not None:
+            self._calls.put(None)
+            self._sender.join(timeout=5)
+        self._senders.shutdown(wait=True)
         if self._group is not None:
             from mgrpo.parallel.weight_group import close_weight_group
 
             close_weight_group(self._group)
             self._group = None
         self._client.close()
+
+
+@dataclass
+class _Call:
+    prompts: list[list[int]]
+    params: SamplingParams
+    future: Future[list[Sample]]
+
+
+def _sampling(params: SamplingParams) -> dict[str, Any]:
+    """SGLang's sampling dict for `params`."""
+    out: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+                           "top_p": params.top_p, "skip_special_tokens": False,
+                           "spaces_between_special_tokens": False}  # fmt: skip
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.seed is not None:
+        out["sampling_seed"] = params.seed
+    return out

@@ -148,6 +148,54 @@ def test_stale_samples_are_reweighted_against_the_current_policy(tokenizer, smal
     assert "is_weight_mean" not in m0 and torch.equal(p0, p1)
 
 
+def test_first_minibatch_stale_rows_take_logp_prox_from_their_own_forward(tokenizer, small_task, monkeypatch):
+    """In a one-epoch update the first minibatch runs on the weights the proximal pass would: its stale
+    rows take logp_prox from its own forward (detached), the second minibatch's from the pass. Same
+    metrics and weights as with the pass over every stale row, and that row's pass saved; with two
+    epochs (the rows come back after steps) the pass runs for every stale row."""
+    import copy
+
+    import mgrpo.training as training
+
+    old = build_model("tiny", tokenizer, seed=3)
+    prompts = [
+        tokenizer.encode(d.text, add_special_tokens=False)[: 5 + i]
+        for i, d in enumerate(small_task.world.docs[:6])
+    ]
+    trs = sampled_transcripts(old, tokenizer, prompts)
+    current = copy.deepcopy(old)
+    with torch.no_grad():
+        for w in current.parameters():
+            w.add_(0.1 * torch.randn_like(w, generator=torch.Generator().manual_seed(0)))
+    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0], strict=True))
+    stale = [True, True, False, True, True, True]
+    pass_of = training._proximal_logprobs
+    rows_in_pass: list[int] = []
+
+    def run(first_from_forward: bool, epochs: int = 1):
+        def counted(model, samples, stale, s, pad_id, first):
+            out = pass_of(model, samples, stale, s, pad_id, first if first_from_forward else set())
+            rows_in_pass.append(sum(isinstance(p, torch.Tensor) for p in out or []))
+            return out
+
+        monkeypatch.setattr(training, "_proximal_logprobs", counted)
+        model = copy.deepcopy(current)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        settings = UpdateSettings(minibatch_size=3, ppo_epochs=epochs, is_cap=1.5)
+        m = ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id, stale=stale)
+        return m, torch.cat([p.flatten() for p in model.parameters()])
+
+    (m_own, p_own), (m_pass, p_pass) = run(True), run(False)
+    run(True, epochs=2)
+    assert (
+        rows_in_pass[1:] == [5, 5] and 2 <= rows_in_pass[0] < 5
+    )  # the first minibatch held 1 to 3 stale rows
+    assert m_own["is_capped_frac"] > 0 and m_own["clip_frac"] > 0  # both corrections acted
+    for k, v in m_pass.items():
+        assert abs(v - m_own[k]) < 1e-5 * max(1.0, abs(v)), (k, v, m_own[k])
+    assert torch.allclose(p_own, p_pass, atol=1e-6), (p_own - p_pass).abs().max()
+
+
 def test_microbatches_sort_by_length_and_keep_within_the_budget():
     lengths = [30, 10, 50, 20, 10, 40]
     assert microbatches(lengths, 0) == [[0, 1, 2, 3, 4, 5]]  # off: the minibatch as it came

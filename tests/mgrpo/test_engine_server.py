@@ -1,0 +1,140 @@
+"""`mgrpo engine`: the hf engine behind SGLang's HTTP API (`mgrpo.engines.server`), through FastAPI's
+test client and, for the weight push, as its own process (a weight group needs two processes)."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from mgrpo.engines.base import SamplingParams
+from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.server import make_app
+from mgrpo.engines.sglang import SGLangEngine
+from mgrpo.models import build_model, save
+from services.cli import app as cli
+from shared_store.embedded import free_port
+from tests.mgrpo.sglang_standin import StandIn
+from tests.mgrpo.test_engine_sglang import ROOT, assert_logprobs, wait_until_up
+
+
+@pytest.fixture
+def client(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, own_weights=True, version=4)
+    with TestClient(make_app(engine, staging=tiny_model, model_path="/models/x")) as c:
+        yield c
+    engine.close()
+
+
+def test_generate_one_prompt_or_a_batch_with_per_prompt_params(client, tiny_model, tokenizer):
+    """One prompt gives one result, a batch a list in order; each prompt keeps its own sampling
+    dict; the log-probs are the served model's and every result names the weights that sampled it."""
+    pa = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
+    pb = tokenizer.encode("Dodus is", add_special_tokens=False)
+    one = client.post("/generate", json={"input_ids": pa, "sampling_params": {"max_new_tokens": 3}}).json()
+    assert isinstance(one, dict) and len(one["output_ids"]) == 3
+    body = {"input_ids": [pa, pb], "return_logprob": True,
+            "sampling_params": [{"max_new_tokens": 2, "sampling_seed": 1}, {"max_new_tokens": 5, "sampling_seed": 2}]}  # fmt: skip
+    out = client.post("/generate", json=body).json()
+    assert [len(o["output_ids"]) for o in out] == [2, 5]
+    assert {o["meta_info"]["weight_version"] for o in out} == {"4"}
+    assert [o["meta_info"]["prompt_tokens"] for o in out] == [len(pa), len(pb)]
+    samples = [SGLangEngine("http://x")._sample(o, SamplingParams(), 0) for o in out]
+    assert_logprobs(tiny_model, [pa, pb], samples)
+    info = client.get("/get_server_info").json()
+    assert (
+        info["tp_size"] == 1
+        and info["model_path"] == "/models/x"
+        and client.get("/health").status_code == 200
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"input_ids": [[1, 2]], "sampling_params": {"top_k": 5}}, "top_k"),
+        ({"input_ids": [[1, 2], []]}, "at least one token"),
+        ({"input_ids": [[1, 2], [3]], "sampling_params": [{}, {}, {}]}, "one per prompt"),
+        ({"text": "hello"}, "input_ids"),
+        ({"input_ids": [[1]], "sampling_params": {"temperature": -1}}, "temperature"),
+    ],
+)
+def test_bad_requests_get_a_422_that_names_the_problem(client, body, says):
+    resp = client.post("/generate", json=body)
+    assert resp.status_code == 422 and says in resp.text
+
+
+def test_concurrent_calls_go_as_one_request_and_each_gets_its_own(tiny_model, tokenizer):
+    """Nine episodes' calls at once (each its prompt, row count, length and seed): one /generate request
+    when coalesced, nine when not; either way each call gets its own prompt's samples, in order."""
+    prompts = [
+        tokenizer.encode(t, add_special_tokens=False) for t in ("Kir", "Dodus is", "The capital of")
+    ] * 3
+
+    def call(eng: SGLangEngine, i: int, out: dict[int, list]) -> None:
+        out[i] = eng.generate([prompts[i]] * (1 + i % 2), SamplingParams(max_new_tokens=3 + i % 3, seed=i))
+
+    for coalesce_ms, most in ((50.0, 1), (0.0, len(prompts))):
+        engine = HFEngine(tiny_model, tokenizer)
+        server = StandIn(engine)
+        with server as url:
+            eng = SGLangEngine(url, coalesce_ms=coalesce_ms)
+            out: dict[int, list] = {}
+            threads = [threading.Thread(target=call, args=(eng, i, out)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            eng.close()
+        engine.close()
+        sent = server.calls["generate"]
+        assert len(sent) <= most and sum(sent) == sum(1 + i % 2 for i in range(len(prompts))), sent
+        assert len(out) == len(prompts)
+        for i, samples in out.items():
+            assert len(samples) == 1 + i % 2 and all(len(s.token_ids) <= 3 + i % 3 for s in samples)
+            assert_logprobs(tiny_model, [prompts[i]] * len(samples), samples)
+    assert len(sent) == len(prompts)  # not coalesced: one request per call
+
+
+def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tiny_model, tokenizer, tmp_path):
+    """`mgrpo engine` in its own process: a push by broadcast returns while a long rollout still runs;
+    that rollout finishes on the weights it started with (and says so), and a request after the push
+    samples from the pushed weights."""
+    folder = save(build_model("tiny", tokenizer, seed=5), tokenizer, tmp_path / "served")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "engine", str(folder), "--host", "127.0.0.1",
+                             "--port", str(port)], cwd=ROOT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    eng = None
+    try:
+        wait_until_up(url)
+        eng = SGLangEngine(url, weight_sync="distributed", sync_host="127.0.0.1")
+        eng.push_weights(tiny_model, 1)
+        prompt = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
+        long: list = []
+        runner = threading.Thread(target=lambda: long.extend(  # 32 rows: some run to 400 tokens (no EOS)
+            eng.generate([prompt] * 32, SamplingParams(max_new_tokens=400))))  # fmt: skip
+        runner.start()
+        time.sleep(0.5)  # the long row is decoding
+        trained = build_model("tiny", tokenizer, seed=9)
+        eng.push_weights(trained, 2)
+        assert runner.is_alive(), "the push waited for the running rollout"
+        (short,) = eng.generate([prompt], SamplingParams(max_new_tokens=4, seed=4))
+        assert short.weights_version == 2
+        assert_logprobs(trained, [prompt], [short])
+        runner.join()
+        assert {s.weights_version for s in long} == {1} and max(len(s.token_ids) for s in long) == 400
+        assert_logprobs(tiny_model, [prompt] * len(long), long)
+    finally:
+        if eng is not None:
+            eng.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_the_command_refuses_a_folder_without_a_model(tmp_path):
+    result = CliRunner().invoke(cli, ["engine", str(tmp_path)])
+    assert result.exit_code == 2 and "config.json" in result.output and "Traceback" not in result.output

@@ -172,6 +172,15 @@ def test_a_role_with_sglang_replicas_gets_them_and_pushes_to_each():
     env = trainer["spec"]["template"]["spec"]["containers"][0]["env"]
     (host,) = [e for e in env if e["name"] == "MGRPO_SGLANG_SYNC_HOST"]
     assert host["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    values["roles"][1]["sglang"]["server"] = "mgrpo"  # the hf engine behind SGLang's API, from our image
+    by = {(d["kind"], d["metadata"]["name"]): d for d in render({**values, "apiToken": "t"})}
+    (c,) = by[("StatefulSet", "rel-mgrpo-subagent-sglang")]["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["mgrpo", "engine", "/data/base", "--host", "0.0.0.0", "--port", "30000"]
+    assert (
+        c["image"]
+        == by[("Deployment", "rel-mgrpo-subagent")]["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    kubernetes_validate.validate(by[("StatefulSet", "rel-mgrpo-subagent-sglang")], K8S_VERSION, strict=True)
     values["roles"][1]["sglang"]["modelPath"] = ""
     with pytest.raises(Exception, match=r"roles\[\]\.sglang\.modelPath"):
         render({**values, "apiToken": "t"})

@@ -8,8 +8,9 @@ Same work on both sides: the same untrained preset model and tokenizer (random w
 episode is one turn and both sides generate the same token distribution), the same prompts (stage-2
 training questions, in our prompt format), the same group size G and prompts per step, at most
 `--max-new-tokens` per sample, the same stop tokens (our single agent's closing tags and EOS, passed
-to TRL as `eos_token_id`), temperature 1, top-p 1, top-k off, the same optimizer (AdamW, lr 1e-4, no
-weight decay, grad clip 1.0, one optimizer step per generation batch), the same loss (clipped,
+to TRL as its model's `generation_config.eos_token_id`, which also ends its completion mask),
+temperature 1, top-p 1, top-k off, the same optimizer (AdamW, lr 1e-4, no weight decay, grad clip
+1.0, one optimizer step per generation batch), the same loss (clipped,
 ε = 0.2 / 0.28, sequence-mean of token-means = TRL's `loss_type="grpo"`, β = 0). Ours runs as a
 `single_agent` job on a local cluster (embedded Redis, controller, planner service: rollouts,
 rewards, statistics to Redis, update, checkpoint, ledger every step); TRL runs in this process.
@@ -149,6 +150,9 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
         tok.decode(planner_prompt(tok, q.text)) for q in make_questions(task.world, "train", 2, n, seed=7)
     ]
     stops = [int(tok.eos_token_id), *_stop_ids(tok, SINGLE_STOPS)]
+    # TRL ends a completion's mask at the model's EOS ids only (`generation_config`); the stop tags
+    # passed to `generate` alone left the padding after them counted and trained as completion tokens
+    model.generation_config.eos_token_id = stops
     stamps: list[float] = []
     tokens: list[int] = []
 

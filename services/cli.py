@@ -350,7 +350,7 @@ def engine(
     with MGRPO_SGLANG_URL, and MGRPO_SGLANG_SYNC_HOST to push its weights by broadcast."""
     import uvicorn
 
-    from mgrpo.engines.server import serve_app
+    from services.engine_server import serve_app
 
     if not (model / "config.json").is_file():
         raise fail(f"{model} holds no config.json: pass a folder written by save_pretrained")

@@ -1,5 +1,5 @@
 """SGLang's place in CI, which has no GPU to run it on: mgrpo's own engine server
-(`mgrpo.engines.server`, the real `hf` engine behind SGLang's `/generate`, `/update_weights_from_disk`,
+(`services.engine_server`, the real `hf` engine behind SGLang's `/generate`, `/update_weights_from_disk`,
 `/get_server_info`, `/init_weights_update_group` and `/update_weights_from_distributed` JSON; pushed
 weights come over a real torch.distributed group, gloo), here on a thread of the test process with
 every request recorded. `python -m tests.mgrpo.sglang_standin MODEL_DIR PORT` serves one in its own
@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from mgrpo.engines.hf import HFEngine
-from mgrpo.engines.server import make_app
+from services.engine_server import make_app
 from shared_store.embedded import free_port
 
 

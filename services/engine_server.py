@@ -150,10 +150,11 @@ class EngineServer:
         if req.group_name not in self.groups:
             return {"success": False,
                     "message": f"no weight group {req.group_name!r}: call /init_weights_update_group first"}  # fmt: skip
-        received = [torch.empty(shape, dtype=getattr(torch, dtype))
+        engine = self.engine
+        device = engine.model.device  # where the group's backend moves them (NCCL: the served GPU)
+        received = [torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                     for dtype, shape in zip(req.dtypes, req.shapes, strict=True)]  # fmt: skip
         broadcast_tensors(received, self.groups[req.group_name])  # every rank takes part, whatever follows
-        engine = self.engine
         params = dict((engine.model if self.staging is None else self.staging).named_parameters())
         missing = [n for n in req.names if n not in params]
         if missing:

@@ -72,6 +72,7 @@ class SGLangEngine:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
         self._sender_lock = threading.Lock()
+        self._closed = False
         self._senders = ThreadPoolExecutor(16, thread_name_prefix="sglang-generate")  # batches in flight
 
     def _post(self, path: str, payload: dict[str, Any]) -> Any:
@@ -89,6 +90,8 @@ class SGLangEngine:
         if self.coalesce_s <= 0:
             return self._generate([(p, params) for p in prompts])
         with self._sender_lock:
+            if self._closed:
+                raise SGLangError(f"the engine for {self.base_url} is closed")
             if self._sender is None:
                 self._sender = threading.Thread(target=self._coalesce, name="sglang-coalesce", daemon=True)
                 self._sender.start()
@@ -228,6 +231,8 @@ class SGLangEngine:
         yield
 
     def close(self) -> None:
+        with self._sender_lock:
+            self._closed = True
         if self._sender is not None:
             self._calls.put(None)
             self._sender.join(timeout=5)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
-from mgrpo.engines.sglang import SGLangEngine
+from mgrpo.engines.sglang import SGLangEngine, SGLangError
 from mgrpo.models import build_model, save, train_tokenizer
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.tasks.world import generate_world
@@ -111,6 +111,10 @@ def test_concurrent_calls_go_as_one_request_and_each_gets_its_own(tiny_model, to
             assert len(samples) == 1 + i % 2 and all(len(s.token_ids) <= 3 + i % 3 for s in samples)
             assert_logprobs(tiny_model, [prompts[i]] * len(samples), samples)
     assert len(sent) == len(prompts)  # not coalesced: one request per call
+    closed = SGLangEngine(url)
+    closed.close()
+    with pytest.raises(SGLangError, match="closed"):  # not a call that waits forever
+        closed.generate([prompts[0]], SamplingParams())
 
 
 def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tiny_model, tokenizer, tmp_path):

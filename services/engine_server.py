@@ -107,6 +107,11 @@ class EngineServer:
         prompts = [cast(list[int], ids)] if single else cast(list[list[int]], ids)
         if not prompts or any(not p for p in prompts):
             raise HTTPException(422, "input_ids: send at least one prompt, each of at least one token")
+        vocab = int(self.engine.model.config.vocab_size)
+        if bad := next((t for p in prompts for t in p if not 0 <= t < vocab), None):
+            raise HTTPException(
+                422, f"input_ids: token id {bad} is outside the model's vocabulary (0 to {vocab - 1})"
+            )
         per = (
             req.sampling_params
             if isinstance(req.sampling_params, list)

@@ -71,6 +71,8 @@ def test_generate_one_prompt_or_a_batch_with_per_prompt_params(client, tiny_mode
     [
         ({"input_ids": [[1, 2]], "sampling_params": {"top_k": 5}}, "top_k"),
         ({"input_ids": [[1, 2], []]}, "at least one token"),
+        ({"input_ids": [[1, 320]]}, "token id 320 is outside"),
+        ({"input_ids": [-1, 2]}, "token id -1 is outside"),
         ({"input_ids": [[1, 2], [3]], "sampling_params": [{}, {}, {}]}, "one per prompt"),
         ({"text": "hello"}, "input_ids"),
         ({"input_ids": [[1]], "sampling_params": {"temperature": -1}}, "temperature"),

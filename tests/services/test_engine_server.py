@@ -13,26 +13,12 @@ from typer.testing import CliRunner
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.sglang import SGLangEngine, SGLangError
-from mgrpo.models import build_model, save, train_tokenizer
-from mgrpo.tasks.deep_research import DeepResearchTask
-from mgrpo.tasks.world import generate_world
+from mgrpo.models import build_model, save
 from services.cli import app as cli
 from services.engine_server import make_app
 from shared_store.embedded import free_port
 from tests.mgrpo.sglang_standin import StandIn
 from tests.mgrpo.test_engine_sglang import ROOT, assert_logprobs, wait_until_up
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(
-        [d.text for d in DeepResearchTask(generate_world(0, n_people=200)).world.docs], 320
-    )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tokenizer):
-    return build_model("tiny", tokenizer, seed=0)
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 from rich.console import Console
@@ -88,7 +89,7 @@ def run_ours(
         if engine_model is not None:
             url = stack.enter_context(engine_server(engine_model, out.parent / f"{out.name}-engine.log"))
             env |= {"MGRPO_SGLANG_URL": url, "MGRPO_SGLANG_SYNC_HOST": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-        stack.enter_context(environ(env))  # the local cluster's services inherit it
+        stack.enter_context(mock.patch.dict(os.environ, env))  # the local cluster's services inherit it
         final = run_train(job, out, redis_url=None, cache_dir=cache_dir, console=console)
     if final["status"] != "succeeded":
         raise RuntimeError(f"our job {final['status']}: {final['reason']}")
@@ -97,20 +98,6 @@ def run_ours(
     tokens = [r["planner/tokens"] for r in rows[1:]]
     phases = {k: statistics.fmean(r[k] for r in rows[1:]) for k in rows[1] if k.startswith("timing/")}
     return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens), "phases_s": phases}
-
-
-@contextlib.contextmanager
-def environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextlib.contextmanager

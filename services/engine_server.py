@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.hf import HFEngine
+from mgrpo.engines.sglang import weight_version
 from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group
 
 OnRequest = Callable[[str, Any], None]  # (endpoint, what it got): an observer, e.g. for tests
@@ -108,7 +109,7 @@ class EngineServer:
         if not prompts or any(not p for p in prompts):
             raise HTTPException(422, "input_ids: send at least one prompt, each of at least one token")
         vocab = int(self.engine.model.config.vocab_size)
-        if bad := next((t for p in prompts for t in p if not 0 <= t < vocab), None):
+        if (bad := next((t for p in prompts for t in p if not 0 <= t < vocab), None)) is not None:
             raise HTTPException(
                 422, f"input_ids: token id {bad} is outside the model's vocabulary (0 to {vocab - 1})"
             )
@@ -131,8 +132,8 @@ class EngineServer:
     def update_from_disk(self, req: DiskUpdate) -> dict[str, Any]:
         self.note("update", req.model_path)
         try:
-            given = req.weight_version or ""
-            self.engine.update_weights(req.model_path, int(given) if given.isdigit() else None)
+            version = weight_version(req.weight_version, self.engine.weights_version + 1)
+            self.engine.update_weights(req.model_path, version)
         except (ValueError, OSError) as exc:
             return {"success": False, "message": str(exc)}
         return {"success": True, "message": f"loaded {req.model_path}"}
@@ -164,8 +165,7 @@ class EngineServer:
         missing = [n for n in req.names if n not in params]
         if missing:
             return {"success": False, "message": f"unknown parameters {missing[:3]}: is it the same model?"}
-        given = req.weight_version or ""
-        version = int(given) if given.isdigit() else engine.weights_version + 1
+        version = weight_version(req.weight_version, engine.weights_version + 1)
         with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
             for name, t in zip(req.names, received, strict=True):
                 params[name].copy_(t)

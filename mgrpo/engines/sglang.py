@@ -151,8 +151,7 @@ class SGLangEngine:
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(p[1]) for p in pairs]
         logps = [float(p[0]) for p in pairs]
-        sampled_by = str(meta.get("weight_version", ""))  # the server's word, where it says (ours does)
-        version = int(sampled_by) if sampled_by.isdigit() else version
+        version = weight_version(meta.get("weight_version"), version)  # the server's word, where it says
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else str(finish)
         return Sample(ids, logps, self._reason(kind, ids, params), str(o.get("text", "")), version)
@@ -243,6 +242,12 @@ class SGLangEngine:
             close_weight_group(self._group)
             self._group = None
         self._client.close()
+
+
+def weight_version(given: object, default: int) -> int:
+    """A policy version sent as SGLang's `weight_version` string (a whole number), else `default`."""
+    text = str(given or "")
+    return int(text) if text.isdigit() else default
 
 
 @dataclass

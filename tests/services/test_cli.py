@@ -210,7 +210,7 @@ def test_unknown_role_and_bad_option(tmp_path):
 
 
 def test_torchrun_args_one_machine_or_several():
-    from services.cli import torchrun_args
+    from services.cli_serve import torchrun_args
     from services.settings import Settings
 
     assert torchrun_args(Settings(ranks=2))[2:4] == ["--standalone", "--nproc-per-node=2"]

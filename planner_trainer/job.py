@@ -207,8 +207,7 @@ class PlannerJob(RootJob):
             qi, k = item
             return self.rollout(step, f"q{qi}", k, questions[qi], self.m.spec.temperature)
 
-        with ThreadPoolExecutor(max_workers=min(128, len(jobs))) as pool:
-            results = list(pool.map(one, jobs))
+        results = list(self.rollout_pool.map(one, jobs))
         return [r[0] for r in results], [r[1] for r in results]
 
     def rollout(self, step: int, query_id: str, k: int, q: Question,

@@ -8,7 +8,9 @@ run on (CPUs):
   prompt), `return_logprob`; each result carries `meta_info.output_token_logprobs` and the
   `weight_version` that sampled it. Requests join the engine's running batch (continuous batching).
 - `POST /update_weights_from_disk`: a `save_pretrained` folder; `POST /init_weights_update_group` and
-  `POST /update_weights_from_distributed`: the trainer broadcasts each new policy (gloo on CPUs).
+  `POST /update_weights_from_distributed`: the trainer broadcasts each new policy (gloo on CPUs), a
+  tensor per broadcast or, with `load_format: "flattened_bucket"`, a bucket of them per broadcast; a
+  policy sent in several buckets is swapped in once all its parameters came.
 - `GET /get_server_info`, `GET /health`.
 
 New weights are swapped in between two decode steps (the engine keeps its own copy): rows already
@@ -21,9 +23,10 @@ interpreter lock, and with `max_staleness: 1` the next step's rollouts run while
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from fastapi import FastAPI, HTTPException
@@ -33,7 +36,7 @@ from transformers import PreTrainedModel
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.sglang import weight_version
-from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group
+from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group, unflatten_bytes
 
 OnRequest = Callable[[str, Any], None]  # (endpoint, what it got): an observer, e.g. for tests
 
@@ -88,6 +91,9 @@ class DistributedUpdate(BaseModel):
     group_name: str
     weight_version: str | None = None
     flush_cache: bool = True
+    load_format: Literal["flattened_bucket"] | None = Field(
+        None, description="flattened_bucket: the tensors come as one broadcast of their bytes, in order"
+    )
 
 
 class EngineServer:
@@ -101,6 +107,7 @@ class EngineServer:
         self.engine, self.staging = engine, staging
         self.note: OnRequest = on_request or (lambda endpoint, got: None)
         self.groups: dict[str, Any] = {}
+        self.arrived: set[str] = set()  # the staged tensors of a bucketed push not swapped in yet
 
     async def generate(self, req: GenerateRequest) -> Any:
         ids = req.input_ids
@@ -158,21 +165,40 @@ class EngineServer:
                     "message": f"no weight group {req.group_name!r}: call /init_weights_update_group first"}  # fmt: skip
         engine = self.engine
         device = engine.model.device  # where the group's backend moves them (NCCL: the served GPU)
-        received = [torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                    for dtype, shape in zip(req.dtypes, req.shapes, strict=True)]  # fmt: skip
-        broadcast_tensors(received, self.groups[req.group_name])  # every rank takes part, whatever follows
+        dtypes = [getattr(torch, d) for d in req.dtypes]
+        group = self.groups[req.group_name]
+        if req.load_format == "flattened_bucket":  # every rank takes part, whatever follows
+            size = sum(
+                math.prod(s) * torch.empty((), dtype=d).element_size()
+                for d, s in zip(dtypes, req.shapes, strict=True)
+            )
+            buffer = torch.empty(size, dtype=torch.uint8, device=device)
+            torch.distributed.broadcast(buffer, src=0, group=group)
+            received = unflatten_bytes(buffer, dtypes, req.shapes)
+        else:
+            received = [
+                torch.empty(s, dtype=d, device=device) for d, s in zip(dtypes, req.shapes, strict=True)
+            ]
+            broadcast_tensors(received, group)
         params = dict((engine.model if self.staging is None else self.staging).named_parameters())
         missing = [n for n in req.names if n not in params]
         if missing:
             return {"success": False, "message": f"unknown parameters {missing[:3]}: is it the same model?"}
         version = weight_version(req.weight_version, engine.weights_version + 1)
         with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
-            for name, t in zip(req.names, received, strict=True):
-                params[name].copy_(t)
+            torch._foreach_copy_([params[n] for n in req.names], received)
         if self.staging is None:  # taken in place, while paused
             engine.weights_version = version
-        else:  # swapped in between two decode steps; running rows keep theirs
-            engine.push_weights(self.staging, version)
+            return {"success": True, "message": f"weights version {version}"}
+        if req.load_format == "flattened_bucket":  # a policy split in buckets is never served half-way
+            self.arrived.update(req.names)
+            if not self.arrived >= params.keys():
+                return {"success": True, "message": f"{len(self.arrived)} of {len(params)} tensors of "
+                                                    f"weights version {version}: the rest to come"}  # fmt: skip
+            self.arrived.clear()
+        engine.push_weights(
+            self.staging, version
+        )  # swapped in between two decode steps; running rows keep theirs
         return {"success": True, "message": f"weights version {version}"}
 
 

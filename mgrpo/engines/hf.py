@@ -128,10 +128,11 @@ class HFEngine:
                 self._spares.append(spare)
         target = stale if stale is not None else spare if spare is not None else _copy(model)
         with torch.no_grad():
-            for p_dst, p_src in zip(target.parameters(), model.parameters(), strict=True):
-                p_dst.copy_(p_src)
-            for b_dst, b_src in zip(target.buffers(), model.buffers(), strict=True):
-                b_dst.copy_(b_src)
+            dst = [*target.parameters(), *target.buffers()]
+            src = [*model.parameters(), *model.buffers()]
+            if len(dst) != len(src):
+                raise ValueError(f"pushed weights have {len(src)} tensors, the engine's model {len(dst)}")
+            torch._foreach_copy_(dst, src)  # one call: a copy per tensor waits for the lock each
         with self._swap_lock:
             self._pending = (target, version)
 

@@ -7,7 +7,12 @@
   instead (NCCL on GPUs, gloo on the CPU). At the first push, `POST /init_weights_update_group` has the
   server's ranks (`/get_server_info`'s `tp_size`, offset 1) join a group at `sync_host` with the
   trainer as rank 0 (`mgrpo.parallel.weight_group`); each push is `POST /update_weights_from_distributed`
-  with the names, dtypes and shapes, answered once the server received every tensor in that order.
+  with the names, dtypes and shapes, answered once the server received them. The tensors go packed:
+  `load_format: "flattened_bucket"`, one broadcast of their bytes per bucket of at most
+  `weight_bucket_mb` (one call each), as SGLang takes them since its PR 13824 (late 2025); one
+  broadcast per tensor costs a round trip each, and on `mgrpo engine` a wait for the interpreter lock
+  each. `weight_bucket_mb` (default `MGRPO_SGLANG_WEIGHT_BUCKET_MB`, 512) 0 sends one tensor per
+  broadcast, for SGLang releases before it.
 - Concurrent `generate` calls (an agent loop's episodes, each on its own thread) are sent together:
   calls that arrive within `coalesce_ms` of the first go as one `/generate` batch with one sampling
   dict per prompt, so a step's 64 rollouts cost one request, not 64 that reach the server's batch one
@@ -21,6 +26,7 @@ it against a real SGLang server. SGLang itself is the optional `gpu` extra (it p
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import threading
@@ -44,6 +50,21 @@ class SGLangError(RuntimeError):
     pass
 
 
+def bucket_mb() -> float:
+    """`MGRPO_SGLANG_WEIGHT_BUCKET_MB`: the largest bucket of a push by broadcast, in MB (0: a tensor
+    per broadcast)."""
+    raw = os.environ.get("MGRPO_SGLANG_WEIGHT_BUCKET_MB", "512")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise SGLangError(
+            f"MGRPO_SGLANG_WEIGHT_BUCKET_MB={raw!r}: set a size in MB, or 0 for a tensor per broadcast"
+        )
+    return value
+
+
 class SGLangEngine:
     shares_weights = False  # its own copy of the weights: the trainer pushes every checkpoint
 
@@ -56,9 +77,10 @@ class SGLangEngine:
         weight_sync: WeightSync = "disk",
         sync_host: str = "",
         coalesce_ms: float = 5.0,
+        weight_bucket_mb: float | None = None,
     ) -> None:
-        """`weight_sync`, `sync_host`, `coalesce_ms`: see the module docstring (`sync_host` '' = this
-        host's address by its name, which the server must reach)."""
+        """`weight_sync`, `sync_host`, `coalesce_ms`, `weight_bucket_mb`: see the module docstring
+        (`sync_host` '' = this host's address by its name, which the server must reach)."""
         self.base_url = base_url.rstrip("/")
         self.eos_token_id = eos_token_id
         self.weights_version = 0  # the policy version last loaded with update_weights
@@ -68,6 +90,9 @@ class SGLangEngine:
         self._group_name = f"mgrpo-weights-{uuid.uuid4().hex[:8]}"
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self.coalesce_s = coalesce_ms / 1000
+        self.weight_bucket_bytes = int(
+            (bucket_mb() if weight_bucket_mb is None else weight_bucket_mb) * 2**20
+        )
         self.requests = 0  # /generate requests sent
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
@@ -177,20 +202,31 @@ class SGLangEngine:
     def push_weights(self, model: torch.nn.Module, version: int) -> None:
         """Broadcast `model`'s parameters (HF names; tied ones once) into the server (module
         docstring); the server samples from them once this returns."""
-        from mgrpo.parallel.weight_group import broadcast_tensors
+        from mgrpo.parallel.weight_group import broadcast_tensors, byte_buckets, flatten_bytes
 
         params = [(name, p.detach().contiguous()) for name, p in model.named_parameters()]
         if self._group is None:
             self._group = self._open_group(params[0][1].device)
-        body = {"names": [n for n, _ in params], "dtypes": [str(p.dtype).removeprefix("torch.") for _, p in params],
-                "shapes": [list(p.shape) for _, p in params], "group_name": self._group_name, "flush_cache": True,
-                "weight_version": str(version)}  # fmt: skip
-        with ThreadPoolExecutor(1) as pool:  # the server receives while the call is open
-            answer = pool.submit(self._post, "/update_weights_from_distributed", body)
-            broadcast_tensors([p for _, p in params], self._group)
-            out = answer.result()
-        if isinstance(out, dict) and out.get("success") is False:
-            raise SGLangError(f"SGLang refused the pushed weights: {out.get('message')}")
+        sizes = [p.numel() * p.element_size() for _, p in params]
+        bucketed = self.weight_bucket_bytes > 0
+        for part in byte_buckets(sizes, self.weight_bucket_bytes) if bucketed else [range(len(params))]:
+            chunk = [params[i] for i in part]
+            body = {"names": [n for n, _ in chunk], "dtypes": [str(p.dtype).removeprefix("torch.") for _, p in chunk],
+                    "shapes": [list(p.shape) for _, p in chunk], "group_name": self._group_name,
+                    "flush_cache": True, "weight_version": str(version)}  # fmt: skip
+            if bucketed:
+                body["load_format"] = "flattened_bucket"
+            with ThreadPoolExecutor(1) as pool:  # the server receives while the call is open
+                answer = pool.submit(self._post, "/update_weights_from_distributed", body)
+                if bucketed:
+                    torch.distributed.broadcast(
+                        flatten_bytes([p for _, p in chunk]), src=0, group=self._group
+                    )
+                else:
+                    broadcast_tensors([p for _, p in chunk], self._group)
+                out = answer.result()
+            if isinstance(out, dict) and out.get("success") is False:
+                raise SGLangError(f"SGLang refused the pushed weights: {out.get('message')}")
         self.weights_version = version
 
     def _open_group(self, device: torch.device) -> Any:

@@ -13,6 +13,7 @@ that calls them.
 from __future__ import annotations
 
 import inspect
+import math
 from datetime import timedelta
 from typing import Any, cast
 
@@ -52,3 +53,37 @@ def broadcast_tensors(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> 
 
 def close_weight_group(group: dist.ProcessGroup) -> None:
     dist.destroy_process_group(group)
+
+
+def byte_buckets(sizes: list[int], cap_bytes: int) -> list[range]:
+    """Consecutive index ranges of tensors whose byte `sizes` add up to at most `cap_bytes` each (a
+    larger tensor alone), in order: the buckets of one flattened broadcast each."""
+    out: list[range] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > cap_bytes:
+            out.append(range(start, i))
+            start, total = i, 0
+        total += size
+    if sizes:
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def flatten_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`tensors` (contiguous, any dtypes) as one uint8 buffer, in order: SGLang's `flattened_bucket`."""
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unflatten_bytes(
+    buffer: torch.Tensor, dtypes: list[torch.dtype], shapes: list[list[int]]
+) -> list[torch.Tensor]:
+    """The tensors `flatten_bytes` packed into `buffer`, as views of it."""
+    out, offset = [], 0
+    for dtype, shape in zip(dtypes, shapes, strict=True):
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        out.append(buffer[offset : offset + size].view(dtype).view(shape))
+        offset += size
+    if offset != buffer.numel():
+        raise ValueError(f"a bucket of {buffer.numel()} bytes does not hold tensors of {offset} bytes")
+    return out

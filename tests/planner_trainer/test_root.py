@@ -80,6 +80,34 @@ def test_rollouts_never_run_more_than_max_staleness_ahead(store, job_id, stalene
     assert all("timing/period" in v and "timing/wait_trainer" in v for _, v in seen)
 
 
+class Pooled(Timed):
+    """Each rollout also runs 8 episodes on the job's rollout pool, keeping the threads they ran on."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.threads: set[threading.Thread] = set()  # the objects: an ident can come back on a new thread
+
+    def produce(self, step):
+        def episode(_: int) -> None:
+            time.sleep(0.005)
+            with self.lock:
+                self.threads.add(threading.current_thread())
+
+        list(self.rollout_pool.map(episode, range(8)))
+        return super().produce(step)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_episodes_run_on_threads_kept_for_the_whole_job(store, job_id, staleness):
+    """A step's episodes run on the job's pool, whose threads outlive the step (a pool per step started
+    64 threads while the pipelined update held the interpreter lock), and which closes with the job."""
+    job = Pooled(store, job_id, JobConfig(steps=4, max_staleness=staleness))
+    job.run()
+    assert 1 < len(job.threads) <= 8  # 4 steps × 8 episodes, on the threads of the first step
+    with pytest.raises(RuntimeError, match="shutdown"):
+        job.rollout_pool.submit(print)
+
+
 def test_a_failed_rollout_fails_the_run(store, job_id):
     job = Timed(store, job_id, JobConfig(steps=6, max_staleness=1), fail_at=3)
     with pytest.raises(RuntimeError, match="rollout 3 failed"):

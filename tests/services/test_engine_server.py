@@ -1,12 +1,14 @@
 """`mgrpo engine`: the hf engine behind SGLang's HTTP API (`services.engine_server`), through FastAPI's
 test client and, for the weight push, as its own process (a weight group needs two processes)."""
 
+import copy
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -14,8 +16,9 @@ from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.sglang import SGLangEngine, SGLangError
 from mgrpo.models import build_model, save
+from mgrpo.parallel.weight_group import flatten_bytes
 from services.cli import app as cli
-from services.engine_server import make_app
+from services.engine_server import DistributedUpdate, EngineServer, make_app
 from shared_store.embedded import free_port
 from tests.mgrpo.sglang_standin import StandIn
 from tests.mgrpo.test_engine_sglang import ROOT, assert_logprobs, wait_until_up
@@ -108,7 +111,8 @@ def test_concurrent_calls_go_as_one_request_and_each_gets_its_own(tiny_model, to
 def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tiny_model, tokenizer, tmp_path):
     """`mgrpo engine` in its own process: a push by broadcast returns while a long rollout still runs;
     that rollout finishes on the weights it started with (and says so), and a request after the push
-    samples from the pushed weights."""
+    samples from the pushed weights. The first push goes a tensor per broadcast, the second in many
+    flattened buckets: both over a real gloo group."""
     folder = save(build_model("tiny", tokenizer, seed=5), tokenizer, tmp_path / "served")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "engine", str(folder), "--host", "127.0.0.1",
@@ -117,8 +121,10 @@ def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tin
     eng = None
     try:
         wait_until_up(url)
-        eng = SGLangEngine(url, weight_sync="distributed", sync_host="127.0.0.1")
-        eng.push_weights(tiny_model, 1)
+        per_tensor = SGLangEngine(url, weight_sync="distributed", sync_host="127.0.0.1", weight_bucket_mb=0)
+        per_tensor.push_weights(tiny_model, 1)  # one broadcast a tensor: SGLang's protocol before buckets
+        per_tensor.close()
+        eng = SGLangEngine(url, weight_sync="distributed", sync_host="127.0.0.1", weight_bucket_mb=0.1)
         prompt = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
         long: list = []
         runner = threading.Thread(target=lambda: long.extend(  # 32 rows: some run to 400 tokens (no EOS)
@@ -126,7 +132,7 @@ def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tin
         runner.start()
         time.sleep(0.5)  # the long row is decoding
         trained = build_model("tiny", tokenizer, seed=9)
-        eng.push_weights(trained, 2)
+        eng.push_weights(trained, 2)  # in 0.1 MB buckets: 1.7 MB of weights, a broadcast and a call each
         assert runner.is_alive(), "the push waited for the running rollout"
         (short,) = eng.generate([prompt], SamplingParams(max_new_tokens=4, seed=4))
         assert short.weights_version == 2
@@ -139,6 +145,33 @@ def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tin
             eng.close()
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_policy_pushed_in_buckets_is_served_only_once_every_bucket_came(tiny_model, tokenizer, monkeypatch):
+    """SGLang's `load_format: flattened_bucket`, a policy in two buckets: after the first the server
+    still samples from the old weights (never half of each); after the second from the pushed ones,
+    every tensor unpacked into its place. Here the broadcast hands over the trainer's packed bytes in
+    this process (a real group needs two: the test above pushes real buckets)."""
+    engine = HFEngine(tiny_model, tokenizer, own_weights=True, version=1)
+    server = EngineServer(engine, copy.deepcopy(tiny_model), None)
+    server.groups["g"] = None
+    trained = build_model("tiny", tokenizer, seed=9)
+    named = list(trained.named_parameters())
+    sent: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda buffer, src, group: buffer.copy_(sent.pop()))
+    prompt = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
+    try:
+        for bucket, last in ((named[:7], False), (named[7:], True)):
+            sent.append(flatten_bytes([p for _, p in bucket]))
+            out = server.update_distributed(DistributedUpdate(
+                names=[n for n, _ in bucket], dtypes=["float32"] * len(bucket), shapes=[list(p.shape) for _, p in bucket],
+                group_name="g", weight_version="2", load_format="flattened_bucket"))  # fmt: skip
+            assert out["success"] and not sent
+            (got,) = engine.generate([prompt], SamplingParams(max_new_tokens=3, seed=1))
+            assert got.weights_version == (2 if last else 1)
+            assert_logprobs(trained if last else tiny_model, [prompt], [got])
+    finally:
+        engine.close()
 
 
 def test_the_command_refuses_a_folder_without_a_model(tmp_path):

@@ -58,13 +58,20 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     )
     exchange = mean("exchange_redis") + http + sub_redis_on_path
     return {
-        "steps": len(rows), "planner_step_s": step, "subagent_step_s": mean("subagent_step"),
-        "planner_s": {k: mean(k) for k in PLANNER}, "subagent_s": {k: mean(k) for k in SUBAGENT},
+        "steps": len(rows),
+        "planner_step_s": step,
+        "subagent_step_s": mean("subagent_step"),
+        "planner_s": {k: mean(k) for k in PLANNER},
+        "subagent_s": {k: mean(k) for k in SUBAGENT},
         "delegation_exchange_ms_mean": statistics.fmean(r["exchange/delegation_ms_mean"] for r in rows),
-        "delegation_server_queue_ms_mean": statistics.fmean(r.get("exchange/delegation_server_queue_ms_mean", 0.0) for r in rows),
-        "exchange_http_critical_s": http, "subagent_redis_on_critical_path_s": sub_redis_on_path,
-        "exchange_s": exchange, "exchange_share": exchange / step,
-    }  # fmt: skip
+        "delegation_server_queue_ms_mean": statistics.fmean(
+            r.get("exchange/delegation_server_queue_ms_mean", 0.0) for r in rows
+        ),
+        "exchange_http_critical_s": http,
+        "subagent_redis_on_critical_path_s": sub_redis_on_path,
+        "exchange_s": exchange,
+        "exchange_share": exchange / step,
+    }
 
 
 def main() -> None:
@@ -94,9 +101,11 @@ def main() -> None:
     for role in ("planner_s", "subagent_s"):
         for k, v in result[role].items():
             print(f"  {role[:-2]:9s} {k:26s} {v:7.3f} s  {v / step:6.1%}")
-    print(f"exchange on the critical path {result['exchange_s']:.3f} s = {result['exchange_share']:.1%} of the step "
-          f"(HTTP+Redis per delegation {result['delegation_exchange_ms_mean']:.1f} ms, of which "
-          f"{result['delegation_server_queue_ms_mean']:.1f} ms queued in the sub-agent's server before its handler)")  # fmt: skip
+    print(
+        f"exchange on the critical path {result['exchange_s']:.3f} s = {result['exchange_share']:.1%} of the step "
+        f"(HTTP+Redis per delegation {result['delegation_exchange_ms_mean']:.1f} ms, of which "
+        f"{result['delegation_server_queue_ms_mean']:.1f} ms queued in the sub-agent's server before its handler)"
+    )
 
 
 if __name__ == "__main__":

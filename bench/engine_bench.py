@@ -51,9 +51,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--context", type=int, default=128, help="tokens in each row's cache at the decode step")
-    ap.add_argument("--episodes", type=int, default=64,
-                    help="held-out questions the warm-started planner + sub-agent answer on each decoder (0: skip; "
-                         "builds the default warm start into --cache-dir when it is not there)")  # fmt: skip
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=64,
+        help="held-out questions the warm-started planner + sub-agent answer on each decoder (0: skip; "
+        "builds the default warm start into --cache-dir when it is not there)",
+    )
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -74,19 +78,32 @@ def main() -> None:
     }
     floors = decode_floors(model, args.concurrency, args.context)
     multi_turn = episodes(args.episodes, args.cache_dir, args.repeats) if args.episodes else {}
-    print(json.dumps({
-        "preset": args.preset, "params": n_params(model), "concurrency": args.concurrency, "new_tokens": args.new_tokens,
-        "static_engine_tok_s": round(tps["static"]), "dynamic_engine_tok_s": round(tps["dynamic"]),
-        "per_request_generate_tok_s": round(tps["per_request"]), "batched_generate_tok_s": round(tps["batched"]),
-        "static_vs_dynamic": round(tps["static"] / tps["dynamic"], 2),
-        "static_vs_batched": round(tps["static"] / tps["batched"], 2),
-        "dynamic_vs_batched": round(tps["dynamic"] / tps["batched"], 2),
-        "context": args.context, **floors,
-        **{f"{k}_step_ms": round(v * 1e3, 3) for k, v in step.items()},
-        **{f"{k}_step_vs_flop_floor": round(v / floors["flop_floor_s"], 1) for k, v in step.items()},
-        **{f"{k}_step_vs_memory_floor": round(v / floors["memory_floor_s"], 1) for k, v in step.items()},
-        **multi_turn,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "params": n_params(model),
+                "concurrency": args.concurrency,
+                "new_tokens": args.new_tokens,
+                "static_engine_tok_s": round(tps["static"]),
+                "dynamic_engine_tok_s": round(tps["dynamic"]),
+                "per_request_generate_tok_s": round(tps["per_request"]),
+                "batched_generate_tok_s": round(tps["batched"]),
+                "static_vs_dynamic": round(tps["static"] / tps["dynamic"], 2),
+                "static_vs_batched": round(tps["static"] / tps["batched"], 2),
+                "dynamic_vs_batched": round(tps["dynamic"] / tps["batched"], 2),
+                "context": args.context,
+                **floors,
+                **{f"{k}_step_ms": round(v * 1e3, 3) for k, v in step.items()},
+                **{f"{k}_step_vs_flop_floor": round(v / floors["flop_floor_s"], 1) for k, v in step.items()},
+                **{
+                    f"{k}_step_vs_memory_floor": round(v / floors["memory_floor_s"], 1)
+                    for k, v in step.items()
+                },
+                **multi_turn,
+            }
+        )
+    )
 
 
 def episodes(n: int, cache_dir: Path, repeats: int) -> dict[str, float]:
@@ -125,8 +142,15 @@ def best_times(model: Any, tok: Any, prompts: list[list[int]], args: argparse.Na
     for engine in engines.values():
         engine.eos_id = None
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
-    gen_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.new_tokens,
-                      min_new_tokens=args.new_tokens, pad_token_id=tok.pad_token_id)  # fmt: skip
+    gen_kwargs = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        pad_token_id=tok.pad_token_id,
+    )
     best = {"static": 1e9, "dynamic": 1e9, "per_request": 1e9, "batched": 1e9}
     for _ in range(args.repeats):
         for kind, engine in engines.items():
@@ -207,10 +231,13 @@ def decode_floors(model: torch.nn.Module, rows: int, context: int) -> dict[str, 
     peak = max(matmul_peak().values()) * 1e9
     bandwidth = copy_bandwidth()
     return {
-        "step_mflop": round(flops / 1e6, 1), "step_mb_read": round((weight_bytes + kv_bytes) / 1e6, 2),
-        "matmul_peak_gflops_per_s": round(peak / 1e9, 1), "copy_gb_per_s": round(bandwidth / 1e9, 1),
-        "flop_floor_s": flops / peak, "memory_floor_s": (weight_bytes + kv_bytes) / bandwidth,
-    }  # fmt: skip
+        "step_mflop": round(flops / 1e6, 1),
+        "step_mb_read": round((weight_bytes + kv_bytes) / 1e6, 2),
+        "matmul_peak_gflops_per_s": round(peak / 1e9, 1),
+        "copy_gb_per_s": round(bandwidth / 1e9, 1),
+        "flop_floor_s": flops / peak,
+        "memory_floor_s": (weight_bytes + kv_bytes) / bandwidth,
+    }
 
 
 def copy_bandwidth(n_bytes: int = 1 << 28, repeats: int = 5) -> float:

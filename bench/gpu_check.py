@@ -51,9 +51,18 @@ VOCAB = 4096
 
 def model_of(size: str, device: torch.device) -> torch.nn.Module:
     h, layers, heads, kv, d, f = SIZES[size]
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, head_dim=d, intermediate_size=f, tie_word_embeddings=True,
-                      max_position_embeddings=4096, pad_token_id=0)  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=h,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=d,
+        intermediate_size=f,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg).to(device)
 
@@ -89,17 +98,35 @@ def check_fsdp(device: torch.device, size: str, batch: int, seq: int) -> dict[st
     metrics = run()
     s = timed(run, device, 2)
     dtypes = sorted({str(p.dtype) for p in policy.model.parameters()})
-    return {"size": size, "update_s": s, "train_tokens_per_s": batch * seq / s, "param_dtypes": dtypes,
-            "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))), "policy": policy, "model": model}  # fmt: skip
+    return {
+        "size": size,
+        "update_s": s,
+        "train_tokens_per_s": batch * seq / s,
+        "param_dtypes": dtypes,
+        "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))),
+        "policy": policy,
+        "model": model,
+    }
 
 
 def moe_of(device: torch.device) -> torch.nn.Module:
     """A tiny Qwen3-MoE (4 experts, 2 per token), its router scores spread (HF starts it at zero)."""
     from transformers import Qwen3MoeConfig
 
-    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, pad_token_id=0)  # fmt: skip
+    cfg = Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
@@ -135,8 +162,12 @@ def check_megatron(device: torch.device, moe: bool = False) -> dict[str, Any]:
             mg, opt, synthetic_batch(VOCAB, 8, 64), UpdateSettings(minibatch_size=8), pad_id=0
         )  # type: ignore[arg-type]
         sync(device)
-    return {"round_trip_exact": exact, "logits_max_diff": float((got - want).abs().max()),
-            "update_s": time.perf_counter() - t0, "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"])))}  # fmt: skip
+    return {
+        "round_trip_exact": exact,
+        "logits_max_diff": float((got - want).abs().max()),
+        "update_s": time.perf_counter() - t0,
+        "loss_finite": bool(torch.isfinite(torch.tensor(metrics["loss"]))),
+    }
 
 
 def check_mfu(device: torch.device, size: str, batch: int, seq: int) -> dict[str, Any]:
@@ -150,8 +181,15 @@ def check_mfu(device: torch.device, size: str, batch: int, seq: int) -> dict[str
     peaks = {
         str(dt).removeprefix("torch."): matmul_peak(device, dt, n) for dt in (torch.float32, torch.bfloat16)
     }
-    return {"size": size, "params": sum(p.numel() for p in model.parameters()), "update_s": s, "model_tflops_per_s": achieved,
-            "matmul_peak_tflops": peaks, "mfu_vs_fp32_peak": achieved / peaks["float32"], "mfu_vs_bf16_peak": achieved / peaks["bfloat16"]}  # fmt: skip
+    return {
+        "size": size,
+        "params": sum(p.numel() for p in model.parameters()),
+        "update_s": s,
+        "model_tflops_per_s": achieved,
+        "matmul_peak_tflops": peaks,
+        "mfu_vs_fp32_peak": achieved / peaks["float32"],
+        "mfu_vs_bf16_peak": achieved / peaks["bfloat16"],
+    }
 
 
 def check_autocast(device: torch.device, size: str, batch: int, seq: int) -> dict[str, Any]:
@@ -174,8 +212,13 @@ def check_autocast(device: torch.device, size: str, batch: int, seq: int) -> dic
             ppo_update(model, opt, rows, settings, pad_id=0)
 
     s = timed(update, device, 2)
-    return {"size": size, "update_s": s, "model_tflops_per_s": flops_per_token(model, seq) * batch * seq / s / 1e12,
-            "logprob_abs_diff_max": float(diff.max()), "logprob_abs_diff_mean": float(diff.mean())}  # fmt: skip
+    return {
+        "size": size,
+        "update_s": s,
+        "model_tflops_per_s": flops_per_token(model, seq) * batch * seq / s / 1e12,
+        "logprob_abs_diff_max": float(diff.max()),
+        "logprob_abs_diff_mean": float(diff.mean()),
+    }
 
 
 def check_weight_sync(device: torch.device, policy: Any, model: torch.nn.Module) -> dict[str, Any]:
@@ -183,8 +226,13 @@ def check_weight_sync(device: torch.device, policy: Any, model: torch.nn.Module)
     s = timed(lambda: policy.sync_into(model), device, 3)
     src, dst = torch.empty(nbytes // 4, device=device), torch.empty(nbytes // 4, device=device)
     raw = timed(lambda: dst.copy_(src), device, 3)
-    return {"bytes": nbytes, "sync_s": s, "sync_gb_per_s": nbytes / s / 1e9, "raw_copy_gb_per_s": nbytes / raw / 1e9,
-            "sync_vs_raw": raw / s}  # fmt: skip
+    return {
+        "bytes": nbytes,
+        "sync_s": s,
+        "sync_gb_per_s": nbytes / s / 1e9,
+        "raw_copy_gb_per_s": nbytes / raw / 1e9,
+        "sync_vs_raw": raw / s,
+    }
 
 
 def main() -> None:
@@ -200,8 +248,11 @@ def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29531")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                               "torch": torch.__version__}  # fmt: skip
+    summary: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
     held: dict[str, Any] = {}
 
     def part(name: str, fn: Callable[[], dict[str, Any]]) -> None:

@@ -67,11 +67,18 @@ def run_job(job: JobConfig, out: Path, cache_dir: Path, per_step: bool = False) 
         records = httpx.get(f"{base}/v1/jobs/{job_id}/metrics", timeout=30).json()["records"]
         n_keys = int(r.dbsize())
     steps = sorted({m["step"] for m in records if m["role"] == "planner" and m["step"] > 0})
-    step_s = [next(m["values"]["timing/step"] for m in records if m["role"] == "planner" and m["step"] == s)
-              for s in steps]  # fmt: skip
-    return {"median_step_s": statistics.median(step_s) if step_s else None, "idle_used_memory": idle,
-            "peak_used_memory_above_idle": peak - idle, "keys_at_end": n_keys,
-            "used_memory_by_step": by_step, "history_bytes_by_step": history}  # fmt: skip
+    step_s = [
+        next(m["values"]["timing/step"] for m in records if m["role"] == "planner" and m["step"] == s)
+        for s in steps
+    ]
+    return {
+        "median_step_s": statistics.median(step_s) if step_s else None,
+        "idle_used_memory": idle,
+        "peak_used_memory_above_idle": peak - idle,
+        "keys_at_end": n_keys,
+        "used_memory_by_step": by_step,
+        "history_bytes_by_step": history,
+    }
 
 
 def plot(table: list[dict[str, Any]], long: dict[str, Any] | None, path: Path) -> None:
@@ -95,8 +102,12 @@ def plot(table: list[dict[str, Any]], long: dict[str, Any] | None, path: Path) -
         used = [mem[s] / 2**20 for s in steps]
         history = [hist[s] / 2**20 for s in steps]
         axes[1].plot(steps, used, marker=".", label="used_memory")
-        axes[1].plot(steps, [u - h for u, h in zip(used, history, strict=True)], marker=".",
-                     label="minus the job's history (metrics stream, ledger)")  # fmt: skip
+        axes[1].plot(
+            steps,
+            [u - h for u, h in zip(used, history, strict=True)],
+            marker=".",
+            label="minus the job's history (metrics stream, ledger)",
+        )
         axes[1].legend(fontsize=8)
         axes[1].set_xlabel("step")
         axes[1].set_ylabel("Redis used_memory (MiB)")
@@ -127,14 +138,29 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     long = None
     if args.long_steps:
-        job = JobConfig.model_validate({"steps": args.long_steps, "prompts_per_step": 2, "rollouts_per_query": 2,
-                                        "subagent_slots_per_rollout": 2})  # fmt: skip
+        job = JobConfig.model_validate(
+            {
+                "steps": args.long_steps,
+                "prompts_per_step": 2,
+                "rollouts_per_query": 2,
+                "subagent_slots_per_rollout": 2,
+            }
+        )
         long = run_job(job, args.out / "long", args.cache_dir, per_step=True)
         mem, hist = long["used_memory_by_step"], long["history_bytes_by_step"]
         first, last = min(mem), max(mem)
-        print(json.dumps({"long_steps": args.long_steps, "used_memory_first": mem[first], "used_memory_last": mem[last],
-                          "used_memory_max": max(mem.values()), "history_bytes_first": hist[first],
-                          "history_bytes_last": hist[last]}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "long_steps": args.long_steps,
+                    "used_memory_first": mem[first],
+                    "used_memory_last": mem[last],
+                    "used_memory_max": max(mem.values()),
+                    "history_bytes_first": hist[first],
+                    "history_bytes_last": hist[last],
+                }
+            )
+        )
     (args.out / "results.json").write_text(json.dumps({"table": table, "long": long}, indent=1))
     plot(table, long, args.out / "growth.png")
 

@@ -99,8 +99,14 @@ def run_one(
         curve.append({"updates": step + 1, **evaluate_checkpoint(job, root / name, sub, args.eval_questions)})
         console.print(f"  {arm} seed {seed} after {step + 1} steps: {_cell_line(curve[-1])}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"arm": arm, "seed": seed, "job": job.model_dump(mode="json"), "train_s": train_s, "curve": curve,
-            "train_success": [r.get("planner/success") for r in rows]}  # fmt: skip
+    return {
+        "arm": arm,
+        "seed": seed,
+        "job": job.model_dump(mode="json"),
+        "train_s": train_s,
+        "curve": curve,
+        "train_success": [r.get("planner/success") for r in rows],
+    }
 
 
 def _cell_line(point: dict[str, Any]) -> str:
@@ -115,20 +121,28 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for cell in CELLS:
             start = mine[0]["curve"][0][cell]["success"]
             final = [r["curve"][-1][cell]["success"] for r in mine]
-            row[cell] = {"start": start, "final_mean": statistics.fmean(final),
-                         "final_std": statistics.stdev(final) if len(final) > 1 else 0.0, "final": final}  # fmt: skip
+            row[cell] = {
+                "start": start,
+                "final_mean": statistics.fmean(final),
+                "final_std": statistics.stdev(final) if len(final) > 1 else 0.0,
+                "final": final,
+            }
         row["majority_baseline"] = mine[0]["curve"][0][CELLS[0]]["majority_baseline"]
         table.append(row)
     return table
 
 
 def write_table(table: list[dict[str, Any]], path: Path) -> None:
-    lines = ["| arm | seeds | held-out T=1: start → final (mean ± sd) | greedy: start → final | majority |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| arm | seeds | held-out T=1: start → final (mean ± sd) | greedy: start → final | majority |",
+        "|---|---|---|---|---|",
+    ]
     for r in table:
         t1, t0 = r[CELLS[0]], r[CELLS[1]]
-        lines.append(f"| {r['arm']} | {r['seeds']} | {t1['start']:.3f} → {t1['final_mean']:.3f} ± {t1['final_std']:.3f} "
-                     f"| {t0['start']:.3f} → {t0['final_mean']:.3f} ± {t0['final_std']:.3f} | {r['majority_baseline']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r['arm']} | {r['seeds']} | {t1['start']:.3f} → {t1['final_mean']:.3f} ± {t1['final_std']:.3f} "
+            f"| {t0['start']:.3f} → {t0['final_mean']:.3f} ± {t0['final_std']:.3f} | {r['majority_baseline']:.3f} |"
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -142,8 +156,11 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     for arm in dict.fromkeys(r["arm"] for r in runs):
         mine = [r for r in runs if r["arm"] == arm]
         xs = [p["updates"] for p in mine[0]["curve"]]
-        for ax, cell, metric in ((axes[0], CELLS[0], "success"), (axes[1], CELLS[1], "success"),
-                                 (axes[2], CELLS[0], None)):  # fmt: skip
+        for ax, cell, metric in (
+            (axes[0], CELLS[0], "success"),
+            (axes[1], CELLS[1], "success"),
+            (axes[2], CELLS[0], None),
+        ):
             key = metric or (
                 "first_search_right_entity" if arm == "single_agent" else "planner_first_delegation_gold"
             )
@@ -154,8 +171,11 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                 xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.15
             )
     base = runs[0]["curve"][0][CELLS[0]]["majority_baseline"]
-    titles = ("held-out stage 2, T=1: success", "held-out stage 2, greedy: success",
-              "process: first call names the right entity (T=1)")  # fmt: skip
+    titles = (
+        "held-out stage 2, T=1: success",
+        "held-out stage 2, greedy: success",
+        "process: first call names the right entity (T=1)",
+    )
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("training steps")
@@ -194,8 +214,9 @@ def main() -> None:
             single = job.mode == "single_agent"
             if single not in starts:  # the warm start's own numbers on the same questions
                 ws = cached_warmstart(warmstart_config(job), args.cache_dir, single_agent=single)
-                starts[single] = evaluate_checkpoint(job, ws.planner_path, None if single else ws.subagent_path,
-                                                     args.eval_questions)  # fmt: skip
+                starts[single] = evaluate_checkpoint(
+                    job, ws.planner_path, None if single else ws.subagent_path, args.eval_questions
+                )
                 console.print(
                     f"warm start ({'single agent' if single else 'planner + sub-agent'}): {_cell_line(starts[single])}"
                 )

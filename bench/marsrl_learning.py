@@ -52,8 +52,12 @@ METRICS = ("solver_accuracy", "system_accuracy", "verifier_accuracy", "verifier_
 
 
 def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
-    base = {"workflow": "marsrl", "prompts_per_step": 8, "rollouts_per_query": 8,
-            "roles": {r: {"optim": {"lr": args.lr}} for r in ROLES}}  # fmt: skip
+    base = {
+        "workflow": "marsrl",
+        "prompts_per_step": 8,
+        "rollouts_per_query": 8,
+        "roles": {r: {"optim": {"lr": args.lr}} for r in ROLES},
+    }
     cfg = merge(merge(base, ARMS[arm]), parse_sets(args.set))
     cfg.update(steps=args.steps, run_seed=seed)
     return JobConfig.model_validate(cfg)
@@ -78,8 +82,14 @@ def run_one(arm: str, seed: int, args: argparse.Namespace, console: Console) -> 
     result = evaluate(job, paths, args.eval_problems)
     console.print(f"  {arm} seed {seed}: " + "  ".join(f"{m} {result[m]:.3f}" for m in METRICS))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"arm": arm, "seed": seed, "job": job.model_dump(mode="json"), "train_s": train_s, "final": result,
-            "train_solver_accuracy": [r.get("solver/accuracy") for r in rows]}  # fmt: skip
+    return {
+        "arm": arm,
+        "seed": seed,
+        "job": job.model_dump(mode="json"),
+        "train_s": train_s,
+        "final": result,
+        "train_solver_accuracy": [r.get("solver/accuracy") for r in rows],
+    }
 
 
 def summarise(runs: list[dict[str, Any]], start: dict[str, float]) -> list[dict[str, Any]]:
@@ -89,8 +99,12 @@ def summarise(runs: list[dict[str, Any]], start: dict[str, float]) -> list[dict[
         row: dict[str, Any] = {"arm": arm, "seeds": len(mine)}
         for m in METRICS:
             vals = [x[m] for x in mine]
-            row[m] = {"start": start[m], "mean": statistics.fmean(vals),
-                      "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values": vals}  # fmt: skip
+            row[m] = {
+                "start": start[m],
+                "mean": statistics.fmean(vals),
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "values": vals,
+            }
         table.append(row)
     return table
 

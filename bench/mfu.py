@@ -104,9 +104,16 @@ def measure(
     best = min(times)
     n_tokens = batch * seq_len
     achieved = flops_per_token(model, seq_len) * n_tokens / best / 1e9
-    row = {"preset": preset, "compile": compile, "params": sum(p.numel() for p in model.parameters()), "tokens_per_update": n_tokens,
-           "update_s_best": best, "update_s_median": sorted(times)[len(times) // 2],
-           "train_tokens_per_s": n_tokens / best, "model_gflops_per_s": achieved}  # fmt: skip
+    row = {
+        "preset": preset,
+        "compile": compile,
+        "params": sum(p.numel() for p in model.parameters()),
+        "tokens_per_update": n_tokens,
+        "update_s_best": best,
+        "update_s_median": sorted(times)[len(times) // 2],
+        "train_tokens_per_s": n_tokens / best,
+        "model_gflops_per_s": achieved,
+    }
     if profile:
         row["profile"] = profile_update(
             lambda: ppo_update(model, opt, samples, settings, pad_id=int(tok.pad_token_id), seed=updates)

@@ -59,7 +59,9 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
-def run_arm(arm: str, setting: str, steps: int, sets: dict[str, Any], cache: Path, out: Path, console: Console) -> dict[str, Any]:  # fmt: skip
+def run_arm(
+    arm: str, setting: str, steps: int, sets: dict[str, Any], cache: Path, out: Path, console: Console
+) -> dict[str, Any]:
     job = JobConfig.model_validate({**sets, "steps": steps, "max_staleness": ARMS[arm]})
     cpus = {"planner": "0", "subagent": "1"} if setting == "pinned" else {}
     run_dir = out / f"{setting}-{arm}-{int(time.time())}"
@@ -92,14 +94,26 @@ def run_arm(arm: str, setting: str, steps: int, sets: dict[str, Any], cache: Pat
     period = statistics.fmean(r["timing/period"] for r in rows)
     wait = statistics.fmean(r.get("timing/wait_partner", 0.0) for r in rows)
     busy = [(b1 - b0) / max(t1 - t0, 1) for (b0, t0), (b1, t1) in zip(cores0, cores1, strict=True)]
-    phases = {k[len("timing/"):]: statistics.fmean(r.get(k, 0.0) for r in rows) for k in rows[-1] if k.startswith("timing/")}  # fmt: skip
+    phases = {
+        k[len("timing/") :]: statistics.fmean(r.get(k, 0.0) for r in rows)
+        for k in rows[-1]
+        if k.startswith("timing/")
+    }
     result = {
-        "setting": setting, "arm": arm, "steps": steps, "job": sets, "window_s": window,
-        "steps_per_s": (steps - 1) / window, "samples_per_s": trained / window,
-        "root_period_s": period, "root_wait_share": wait / period, "core_busy": busy,
-        "cpu_s": {r: procs1[r] - procs0[r] for r in procs0}, "phases_s": phases,
+        "setting": setting,
+        "arm": arm,
+        "steps": steps,
+        "job": sets,
+        "window_s": window,
+        "steps_per_s": (steps - 1) / window,
+        "samples_per_s": trained / window,
+        "root_period_s": period,
+        "root_wait_share": wait / period,
+        "core_busy": busy,
+        "cpu_s": {r: procs1[r] - procs0[r] for r in procs0},
+        "phases_s": phases,
         "delegations_per_rollout": statistics.fmean(r.get("planner/delegations_mean", 0.0) for r in rows),
-    }  # fmt: skip
+    }
     console.print(
         f"{setting:9s} {arm:9s} {result['steps_per_s']:.3f} steps/s, {result['samples_per_s']:.1f} samples/s, "
         f"root waits {100 * result['root_wait_share']:.1f} %, {result['delegations_per_rollout']:.2f} delegations per rollout, cores busy "

@@ -158,10 +158,17 @@ def main() -> None:
         work = pipe.get("delegations_per_rollout", 1.0) / sync.get("delegations_per_rollout", 1.0)
         roles_w, _ = inputs(sync, work)
         pred_w = simulate(roles_w, rollout, 1, steps)["period_s"]
-        check = {"roles": [r.__dict__ for r in roles], "rollout_s": rollout, "predicted_period_s": pred,
-                 "measured_period_s": meas, "pipelined_error": pred[1] / meas[1] - 1,
-                 "sync_error": pred[0] / meas[0] - 1, "callee_work_ratio": work,
-                 "pipelined_same_work_prediction_s": pred_w, "pipelined_same_work_error": pred_w / meas[1] - 1}  # fmt: skip
+        check = {
+            "roles": [r.__dict__ for r in roles],
+            "rollout_s": rollout,
+            "predicted_period_s": pred,
+            "measured_period_s": meas,
+            "pipelined_error": pred[1] / meas[1] - 1,
+            "sync_error": pred[0] / meas[0] - 1,
+            "callee_work_ratio": work,
+            "pipelined_same_work_prediction_s": pred_w,
+            "pipelined_same_work_error": pred_w / meas[1] - 1,
+        }
         report["checks"].append(check)
         print(
             f"inputs R={rollout:.2f}s "
@@ -183,8 +190,15 @@ def main() -> None:
             ]
             sync_p = simulate(scaled, rollout, 0, 24)["period_s"]
             pipe_p = simulate(scaled, rollout, 1, 24)["period_s"]
-            report["predictions"].append({"roles": n, "update_over_rollout": ratio, "sync_period_s": sync_p,
-                                          "pipelined_period_s": pipe_p, "speedup": sync_p / pipe_p})  # fmt: skip
+            report["predictions"].append(
+                {
+                    "roles": n,
+                    "update_over_rollout": ratio,
+                    "sync_period_s": sync_p,
+                    "pipelined_period_s": pipe_p,
+                    "speedup": sync_p / pipe_p,
+                }
+            )
             print(f"{n:>5} {ratio:>5} {sync_p:>12.2f} {pipe_p:>10.2f} {sync_p / pipe_p:>8.2f}×")
     out = args.out or args.results.parent / "simulation.json"
     out.write_text(json.dumps(report, indent=1))

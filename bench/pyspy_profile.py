@@ -43,11 +43,27 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("alignment, advantages, batching", ("mgrpo/algo/", "mgrpo/batching")),
     ("agent loop, tools, task", ("mgrpo/agents/", "mgrpo/tasks/")),
     (STARTUP, ("_find_and_load", "from_pretrained", "PlannerJob.__init__", "SubagentJob.__init__")),
-]  # fmt: skip
-WAITS = ("Condition.wait", "Event.wait", "Queue.get", "SimpleQueue.get", "sleep", "select (", "Thread.join",
-         "_wait_for_tstate_lock", "acquire (", "recv_into", "_recv", "wait (threading", "readline",
-         "_worker (concurrent/futures/thread.py", "process ", "SyncStream.read", "ThreadLock.__enter__",
-         "_read_from_socket")  # fmt: skip
+]
+WAITS = (
+    "Condition.wait",
+    "Event.wait",
+    "Queue.get",
+    "SimpleQueue.get",
+    "sleep",
+    "select (",
+    "Thread.join",
+    "_wait_for_tstate_lock",
+    "acquire (",
+    "recv_into",
+    "_recv",
+    "wait (threading",
+    "readline",
+    "_worker (concurrent/futures/thread.py",
+    "process ",
+    "SyncStream.read",
+    "ThreadLock.__enter__",
+    "_read_from_socket",
+)
 SERVICES = ("serve planner", "serve subagent", "serve controller")
 
 
@@ -77,9 +93,12 @@ def summarise(raw: Path, rate_hz: int) -> dict[str, Any]:
     for role, counts in per.items():
         startup = counts.pop(STARTUP, 0)
         busy = sum(counts.values())
-        out[role] = {"cpu_s": busy / rate_hz, "startup_cpu_s": startup / rate_hz,
-                     "idle_thread_s": idle[role] / rate_hz,
-                     "shares": {k: v / busy for k, v in counts.most_common()}}  # fmt: skip
+        out[role] = {
+            "cpu_s": busy / rate_hz,
+            "startup_cpu_s": startup / rate_hz,
+            "idle_thread_s": idle[role] / rate_hz,
+            "shares": {k: v / busy for k, v in counts.most_common()},
+        }
     return out
 
 
@@ -126,9 +145,28 @@ def main() -> None:
     if raw is None:
         raw = out / "raw.txt"
         py_spy = Path(sys.executable).parent / "py-spy"
-        cmd = [str(py_spy), "record", "--subprocesses", "--nonblocking", "-r", str(args.rate), "--format", "raw",
-               "-o", str(raw), "--", sys.executable, __file__, "--inner", "--mode", args.mode, "--steps",
-               str(args.steps), "--out", str(args.out)]  # fmt: skip
+        cmd = [
+            str(py_spy),
+            "record",
+            "--subprocesses",
+            "--nonblocking",
+            "-r",
+            str(args.rate),
+            "--format",
+            "raw",
+            "-o",
+            str(raw),
+            "--",
+            sys.executable,
+            __file__,
+            "--inner",
+            "--mode",
+            args.mode,
+            "--steps",
+            str(args.steps),
+            "--out",
+            str(args.out),
+        ]
         if subprocess.run(cmd).returncode != 0:
             raise SystemExit(
                 "py-spy failed: install it with pip install -e '.[dev,bench]' (it needs ptrace rights)"

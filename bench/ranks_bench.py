@@ -126,34 +126,59 @@ def main() -> None:
     w1 = one_process(args)
     with tempfile.TemporaryDirectory() as tmp:
         worker_out = Path(tmp) / "w2.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
-               f"--samples={args.samples}", f"--tokens={args.tokens}", f"--repeats={args.repeats}",
-               f"--pp-microbatch-tokens={args.pp_microbatch_tokens}",
-               f"--worker-out={worker_out}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            __file__,
+            f"--samples={args.samples}",
+            f"--tokens={args.tokens}",
+            f"--repeats={args.repeats}",
+            f"--pp-microbatch-tokens={args.pp_microbatch_tokens}",
+            f"--worker-out={worker_out}",
+        ]
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         w2 = json.loads(worker_out.read_text())
-    result = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "samples": args.samples,
-              "tokens": args.tokens, "update_w1": w1, "update_w2": w2["update"], "sync": w2["sync"],
-              "update_w2_over_w1_speed": w1["update_s"] / w2["update"]["update_s"],
-              "update_megatron_tp2": w2["update_megatron"], "sync_megatron": w2["sync_megatron"],
-              "update_megatron_tp2_over_w1_speed": w1["update_s"] / w2["update_megatron"]["update_s"],
-              "pp_microbatch_tokens": args.pp_microbatch_tokens,
-              "update_megatron_pp2": w2["update_megatron_pp2"], "sync_megatron_pp2": w2["sync_megatron_pp2"],
-              "update_megatron_pp2_over_w1_speed": w1["update_s"] / w2["update_megatron_pp2"]["update_s"]}  # fmt: skip
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cores": os.cpu_count(),
+        "samples": args.samples,
+        "tokens": args.tokens,
+        "update_w1": w1,
+        "update_w2": w2["update"],
+        "sync": w2["sync"],
+        "update_w2_over_w1_speed": w1["update_s"] / w2["update"]["update_s"],
+        "update_megatron_tp2": w2["update_megatron"],
+        "sync_megatron": w2["sync_megatron"],
+        "update_megatron_tp2_over_w1_speed": w1["update_s"] / w2["update_megatron"]["update_s"],
+        "pp_microbatch_tokens": args.pp_microbatch_tokens,
+        "update_megatron_pp2": w2["update_megatron_pp2"],
+        "sync_megatron_pp2": w2["sync_megatron_pp2"],
+        "update_megatron_pp2_over_w1_speed": w1["update_s"] / w2["update_megatron_pp2"]["update_s"],
+    }
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"update ({args.samples} × {args.tokens} tokens, small preset): W=1 {w1['update_s']:.2f} s "
-          f"({w1['samples_per_s']:.1f} samples/s, {w1['threads']} threads)  W=2 {w2['update']['update_s']:.2f} s "
-          f"({w2['update']['samples_per_s']:.1f} samples/s, 1 thread per rank)  W=2/W=1 speed "
-          f"{result['update_w2_over_w1_speed']:.2f}")  # fmt: skip
+    print(
+        f"update ({args.samples} × {args.tokens} tokens, small preset): W=1 {w1['update_s']:.2f} s "
+        f"({w1['samples_per_s']:.1f} samples/s, {w1['threads']} threads)  W=2 {w2['update']['update_s']:.2f} s "
+        f"({w2['update']['samples_per_s']:.1f} samples/s, 1 thread per rank)  W=2/W=1 speed "
+        f"{result['update_w2_over_w1_speed']:.2f}"
+    )
     print_table(w2["sync"])
     for key, name, speed in (
         ("megatron", "tensor parallel 2", "update_megatron_tp2_over_w1_speed"),
-        ("megatron_pp2", f"2 pipeline stages ({args.pp_microbatch_tokens}-token micro-batches)",
-         "update_megatron_pp2_over_w1_speed"),
-    ):  # fmt: skip
+        (
+            "megatron_pp2",
+            f"2 pipeline stages ({args.pp_microbatch_tokens}-token micro-batches)",
+            "update_megatron_pp2_over_w1_speed",
+        ),
+    ):
         m = w2["update_" + key]
-        print(f"megatron, {name}: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
-              f"speed / W=1 {result[speed]:.2f}; its sync:")  # fmt: skip
+        print(
+            f"megatron, {name}: update {m['update_s']:.2f} s ({m['samples_per_s']:.1f} samples/s), "
+            f"speed / W=1 {result[speed]:.2f}; its sync:"
+        )
         print_table(w2["sync_" + key])
 
 

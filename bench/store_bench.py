@@ -35,8 +35,16 @@ def make_episodes(job_id: str, n: int, tokens: int) -> list[tuple[EpisodeMeta, E
         arr = EpisodeArrays.of(
             rng.integers(0, 150_000, tokens), rng.standard_normal(tokens), rng.integers(0, 2, tokens)
         )
-        meta = EpisodeMeta(job_id=job_id, step=0, policy_version=0, episode_id=episode_id(0, f"q{i // 64}", (i // 8) % 8, i % 8),
-                           query_id=f"q{i // 64}", rollout=(i // 8) % 8, call=i % 8, n_tokens=0)  # fmt: skip
+        meta = EpisodeMeta(
+            job_id=job_id,
+            step=0,
+            policy_version=0,
+            episode_id=episode_id(0, f"q{i // 64}", (i // 8) % 8, i % 8),
+            query_id=f"q{i // 64}",
+            rollout=(i // 8) % 8,
+            call=i % 8,
+            n_tokens=0,
+        )
         out.append((meta, arr))
     return out
 
@@ -126,8 +134,12 @@ def main() -> None:
             sw, sr = bench_store(store, job_id, eps)
             rw, rr = bench_raw(store, job_id, eps)
             store.episodes.delete_step(job_id, 0)
-            best = {"store_w": min(best["store_w"], sw), "store_r": min(best["store_r"], sr),
-                    "raw_w": min(best["raw_w"], rw), "raw_r": min(best["raw_r"], rr)}  # fmt: skip
+            best = {
+                "store_w": min(best["store_w"], sw),
+                "store_r": min(best["store_r"], sr),
+                "raw_w": min(best["raw_w"], rw),
+                "raw_r": min(best["raw_r"], rr),
+            }
         result = {
             "payload_MB": round(mb, 1),
             "store_write_MBps": round(mb / best["store_w"], 1),

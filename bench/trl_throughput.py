@@ -63,14 +63,25 @@ def job_for(
     shared_prefix: bool = True,
     max_staleness: int | None = None,
 ) -> JobConfig:
-    return JobConfig.model_validate({
-        "mode": "single_agent", "warmstart_steps": 0, "steps": args.steps, "stage": 2,
-        "prompts_per_step": args.prompts, "rollouts_per_query": args.group,
-        "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
-        "planner_optim": {"lr": 1e-4, "minibatch_size": args.prompts * args.group, "ppo_epochs": 1,
-                          "microbatch_tokens": microbatch_tokens, "shared_prefix": shared_prefix},
-        "max_staleness": args.max_staleness if max_staleness is None else max_staleness,
-    })  # fmt: skip
+    return JobConfig.model_validate(
+        {
+            "mode": "single_agent",
+            "warmstart_steps": 0,
+            "steps": args.steps,
+            "stage": 2,
+            "prompts_per_step": args.prompts,
+            "rollouts_per_query": args.group,
+            "planner": {"preset": args.preset, "max_new_tokens_per_turn": args.max_new_tokens},
+            "planner_optim": {
+                "lr": 1e-4,
+                "minibatch_size": args.prompts * args.group,
+                "ppo_epochs": 1,
+                "microbatch_tokens": microbatch_tokens,
+                "shared_prefix": shared_prefix,
+            },
+            "max_staleness": args.max_staleness if max_staleness is None else max_staleness,
+        }
+    )
 
 
 def run_ours(
@@ -105,8 +116,21 @@ def engine_server(model: Path, log: Path) -> Iterator[str]:
     """`mgrpo engine MODEL` in a process of its own, on a free local port: its URL once it answers."""
     port = free_port()
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "engine", str(model), "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "engine",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -155,16 +179,44 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
 
     G = job.rollouts_per_query
     config = GRPOConfig(
-        output_dir=str(out), per_device_train_batch_size=job.prompts_per_step * G, gradient_accumulation_steps=1,
-        num_generations=G, max_completion_length=job.model_of("planner").max_new_tokens_per_turn, max_steps=job.steps,
-        learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="grpo", num_iterations=1, temperature=1.0,
-        top_p=1.0, top_k=0, generation_kwargs={"eos_token_id": stops}, use_cpu=True, report_to=[],
-        bf16=False, gradient_checkpointing=False,  # TRL defaults both on; ours trains in fp32 without recompute
-        logging_steps=10_000, save_strategy="no", disable_tqdm=True, seed=job.run_seed, shuffle_dataset=False,
-    )  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, processing_class=tok,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[Clock()])  # fmt: skip
+        output_dir=str(out),
+        per_device_train_batch_size=job.prompts_per_step * G,
+        gradient_accumulation_steps=1,
+        num_generations=G,
+        max_completion_length=job.model_of("planner").max_new_tokens_per_turn,
+        max_steps=job.steps,
+        learning_rate=1e-4,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="grpo",
+        num_iterations=1,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        generation_kwargs={"eos_token_id": stops},
+        use_cpu=True,
+        report_to=[],
+        bf16=False,
+        gradient_checkpointing=False,  # TRL defaults both on; ours trains in fp32 without recompute
+        logging_steps=10_000,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=job.run_seed,
+        shuffle_dataset=False,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        processing_class=tok,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=[Clock()],
+    )
     gen_s: list[float] = []
     generate = trainer._generate_and_score_completions  # generation (+ rewards): timed apart from the update
 
@@ -179,14 +231,20 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
     stamps.append(time.perf_counter())
     trainer.train()
     steps = [b - a for a, b in itertools.pairwise(stamps[1:])]  # stamps[0] is the start: drop the first step
-    return {"step_s": steps, "generated_tokens_per_step": statistics.fmean(tokens[1:]),
-            "generate_s": statistics.fmean(gen_s[1:])}  # fmt: skip
+    return {
+        "step_s": steps,
+        "generated_tokens_per_step": statistics.fmean(tokens[1:]),
+        "generate_s": statistics.fmean(gen_s[1:]),
+    }
 
 
-RATIO_KEYS = {"ours": "samples_per_s_ratio", "ours_dynamic": "dynamic_samples_per_s_ratio",
-              "ours_microbatch": "microbatch_samples_per_s_ratio",
-              "ours_whole_rows": "whole_rows_samples_per_s_ratio",
-              "ours_engine_server": "engine_server_samples_per_s_ratio"}  # fmt: skip
+RATIO_KEYS = {
+    "ours": "samples_per_s_ratio",
+    "ours_dynamic": "dynamic_samples_per_s_ratio",
+    "ours_microbatch": "microbatch_samples_per_s_ratio",
+    "ours_whole_rows": "whole_rows_samples_per_s_ratio",
+    "ours_engine_server": "engine_server_samples_per_s_ratio",
+}
 
 
 def arms(args: argparse.Namespace) -> dict[str, tuple[JobConfig, bool, bool]]:
@@ -204,15 +262,24 @@ def arms(args: argparse.Namespace) -> dict[str, tuple[JobConfig, bool, bool]]:
 
 def summarise(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     samples = args.prompts * args.group
-    summary: dict[str, Any] = {"samples_per_step": samples, "steps": args.steps, "repeats": args.repeats,
-                               "preset": args.preset, "max_new_tokens": args.max_new_tokens,
-                               "max_staleness": args.max_staleness,
-                               "microbatch_tokens": args.microbatch_tokens}  # fmt: skip
+    summary: dict[str, Any] = {
+        "samples_per_step": samples,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "preset": args.preset,
+        "max_new_tokens": args.max_new_tokens,
+        "max_staleness": args.max_staleness,
+        "microbatch_tokens": args.microbatch_tokens,
+    }
     for side in results:
         step = statistics.median([s for run in results[side] for s in run["step_s"]])
         toks = statistics.fmean(run["generated_tokens_per_step"] for run in results[side])
-        summary[side] = {"median_step_s": step, "samples_per_s": samples / step,
-                         "generated_tokens_per_sample": toks / samples, "generated_tokens_per_s": toks / step}  # fmt: skip
+        summary[side] = {
+            "median_step_s": step,
+            "samples_per_s": samples / step,
+            "generated_tokens_per_sample": toks / samples,
+            "generated_tokens_per_s": toks / step,
+        }
         if side != "trl":
             summary[side]["phases_s"] = results[side][-1]["phases_s"]
     summary["trl"]["generate_s"] = statistics.fmean(run["generate_s"] for run in results["trl"])
@@ -237,14 +304,17 @@ def main() -> None:
         "--max-staleness", type=int, default=0, help="ours: 1 rolls out step s+1 while step s trains"
     )
     ap.add_argument(
-        "--microbatch-tokens", type=int, default=0,
+        "--microbatch-tokens",
+        type=int,
+        default=0,
         help="N > 0: also ours with the update in length-sorted micro-batches of at most N padded tokens",
-    )  # fmt: skip
+    )
     ap.add_argument("--whole-rows", action="store_true", help="also ours with optim.shared_prefix off")
     ap.add_argument(
-        "--engine-server", action="store_true",
+        "--engine-server",
+        action="store_true",
         help="also ours pipelined (max_staleness 1) with its rollouts on an `mgrpo engine` process",
-    )  # fmt: skip
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results/trl"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -260,8 +330,16 @@ def main() -> None:
         for r in range(args.repeats):
             for side, (side_job, static, on_server) in ours.items():
                 engine_model = start.planner_path if on_server else None
-                results[side].append(run_ours(side_job, Path(tmp) / f"{side}-{r}", cache, console, static=static,
-                                              engine_model=engine_model))  # fmt: skip
+                results[side].append(
+                    run_ours(
+                        side_job,
+                        Path(tmp) / f"{side}-{r}",
+                        cache,
+                        console,
+                        static=static,
+                        engine_model=engine_model,
+                    )
+                )
             results["trl"].append(run_trl(job, start.planner_path, cache, Path(tmp) / f"trl-{r}"))
             console.print(
                 f"repeat {r}: "

@@ -36,11 +36,39 @@ from mgrpo.parallel.ranks import policy_class  # noqa: E402
 
 # name → Qwen3 shape (vocab 320): random weights for the sync sizes
 SHAPES = {
-    "tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=24),
-    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32),
-    "100MB": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64),
-    "400MB": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64),
-}  # fmt: skip
+    "tiny": dict(
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+    ),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+    ),
+    "100MB": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+    "400MB": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+    ),
+}
 # backend arm → (policy backend, pipeline stages)
 ARMS = {"fsdp": ("fsdp", 1), "megatron": ("megatron", 1), "megatron_pp2": ("megatron", 2)}
 GOAL = 0.8  # sync / raw bandwidth
@@ -54,8 +82,14 @@ def model_of(shape: str, tok):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=1024, tie_word_embeddings=True,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **SHAPES[shape])  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        **SHAPES[shape],
+    )
     return AutoModelForCausalLM.from_config(cfg)
 
 
@@ -95,17 +129,29 @@ def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp"
     sync_s = median_time(lambda: policy.sync_into(full if rank0 else None), repeats)
     sd_s = median_time(state_dict_sync, repeats) if backend == "fsdp" else float("nan")
     raw_s = median_time(lambda: dist.broadcast(flat, src=0), repeats)
-    return {"model": shape, "params": n_params(full), "MB": nbytes / 1e6, "sync_s": sync_s, "raw_broadcast_s": raw_s,
-            "state_dict_sync_s": sd_s, "sync_GBps": nbytes / sync_s / 1e9, "raw_GBps": nbytes / raw_s / 1e9,
-            "sync_over_raw": raw_s / sync_s}  # fmt: skip
+    return {
+        "model": shape,
+        "params": n_params(full),
+        "MB": nbytes / 1e6,
+        "sync_s": sync_s,
+        "raw_broadcast_s": raw_s,
+        "state_dict_sync_s": sd_s,
+        "sync_GBps": nbytes / sync_s / 1e9,
+        "raw_GBps": nbytes / raw_s / 1e9,
+        "sync_over_raw": raw_s / sync_s,
+    }
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'model':>6} {'MB':>7} {'sync s':>7} {'raw s':>7} {'state-dict s':>12} {'sync GB/s':>9} "
-          f"{'raw GB/s':>8} {'sync/raw':>8}")  # fmt: skip
+    print(
+        f"{'model':>6} {'MB':>7} {'sync s':>7} {'raw s':>7} {'state-dict s':>12} {'sync GB/s':>9} "
+        f"{'raw GB/s':>8} {'sync/raw':>8}"
+    )
     for r in rows:
-        print(f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {r['state_dict_sync_s']:12.3f} "
-              f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}")  # fmt: skip
+        print(
+            f"{r['model']:>6} {r['MB']:7.1f} {r['sync_s']:7.3f} {r['raw_broadcast_s']:7.3f} {r['state_dict_sync_s']:12.3f} "
+            f"{r['sync_GBps']:9.2f} {r['raw_GBps']:8.2f} {r['sync_over_raw']:8.2f}"
+        )
 
 
 def two_ranks(args) -> None:
@@ -138,13 +184,29 @@ def main() -> None:
         return two_ranks(args)
     with tempfile.TemporaryDirectory() as tmp:
         worker_out = Path(tmp) / "w2.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
-               "--sizes", *args.sizes, "--backends", *args.backends, f"--repeats={args.repeats}",
-               f"--worker-out={worker_out}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            __file__,
+            "--sizes",
+            *args.sizes,
+            "--backends",
+            *args.backends,
+            f"--repeats={args.repeats}",
+            f"--worker-out={worker_out}",
+        ]
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         arms = json.loads(worker_out.read_text())
-    result = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "repeats": args.repeats,
-              "goal_sync_over_raw": GOAL, "sync": arms}  # fmt: skip
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cores": os.cpu_count(),
+        "repeats": args.repeats,
+        "goal_sync_over_raw": GOAL,
+        "sync": arms,
+    }
     Path(args.out).write_text(json.dumps(result, indent=1))
     for arm, rows in arms.items():
         met = [r["model"] for r in rows if r["sync_over_raw"] >= GOAL]

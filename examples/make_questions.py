@@ -16,9 +16,11 @@ from mgrpo.runtime import job_task
 from mgrpo.tasks.deep_research import make_questions
 
 world = job_task(JobConfig()).world  # seed 0, 2000 people: the default job's world
-rows = [{"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind": q.kind}}
-        for split, source, n in (("train", "train", 400), ("test", "heldout", 100))
-        for q in make_questions(world, source, 2, n, seed=17)]  # fmt: skip
+rows = [
+    {"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind": q.kind}}
+    for split, source, n in (("train", "train", 400), ("test", "heldout", 100))
+    for q in make_questions(world, source, 2, n, seed=17)
+]
 out = Path(__file__).with_name("questions.jsonl")
 out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 print(f"{out}: {len(rows)} rows")

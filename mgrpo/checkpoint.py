@@ -69,8 +69,10 @@ def save_checkpoint(
     if write_optimizer is not None:
         write_optimizer(tmp / SHARDED)
         optimizer_state = {"dcp": SHARDED}
-    torch.save({"optimizer": optimizer_state, "torch_rng": torch.get_rng_state(),
-                "python_rng": random.getstate()}, tmp / "trainer_state.pt")  # fmt: skip
+    torch.save(
+        {"optimizer": optimizer_state, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
+        tmp / "trainer_state.pt",
+    )
     (tmp / "mgrpo.json").write_text(json.dumps({"step": step, "version": version}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

@@ -272,8 +272,12 @@ class ProgramConfig(_Strict):
         return self
 
 
-_LEGACY = {"planner": ("planner", "model"), "subagent": ("subagent", "model"),
-           "planner_optim": ("planner", "optim"), "subagent_optim": ("subagent", "optim")}  # fmt: skip
+_LEGACY = {
+    "planner": ("planner", "model"),
+    "subagent": ("subagent", "model"),
+    "planner_optim": ("planner", "optim"),
+    "subagent_optim": ("subagent", "optim"),
+}
 
 
 class JobConfig(_Strict):
@@ -362,14 +366,31 @@ class JobConfig(_Strict):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"workflow": "deep_research", "mode": "co_train", "steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4},
-                {"workflow": "marsrl", "steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4,
-                 "roles": {"verifier": {"optim": {"lr": 2e-4}}}},
-                {"workflow": "marsrl", "steps": 2, "roles": {"verifier": {"share_model_with": "solver"},
-                                                             "corrector": {"share_model_with": "solver"}}},
+                {
+                    "workflow": "deep_research",
+                    "mode": "co_train",
+                    "steps": 2,
+                    "prompts_per_step": 4,
+                    "rollouts_per_query": 4,
+                },
+                {
+                    "workflow": "marsrl",
+                    "steps": 2,
+                    "prompts_per_step": 4,
+                    "rollouts_per_query": 4,
+                    "roles": {"verifier": {"optim": {"lr": 2e-4}}},
+                },
+                {
+                    "workflow": "marsrl",
+                    "steps": 2,
+                    "roles": {
+                        "verifier": {"share_model_with": "solver"},
+                        "corrector": {"share_model_with": "solver"},
+                    },
+                },
             ]
         },
-    )  # fmt: skip
+    )
 
     @field_validator("workflow")
     @classmethod

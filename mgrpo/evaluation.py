@@ -41,14 +41,24 @@ class System:
     outcomes: list[float] = field(default_factory=list)  # the last `evaluate`'s success per question
 
     @classmethod
-    def build(cls, task: DeepResearchTask, planner: tuple[PreTrainedModel, PreTrainedTokenizerBase],
-              subagent: tuple[PreTrainedModel, PreTrainedTokenizerBase], *, temperature: float = 1.0,
-              seed: int | None = None) -> System:  # fmt: skip
+    def build(
+        cls,
+        task: DeepResearchTask,
+        planner: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+        subagent: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+        *,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> System:
         return cls(task, HFEngine(*planner), HFEngine(*subagent), temperature, seed)
 
     def subagent(self) -> SubAgent:
-        return SubAgent(self.subagent_engine, self.subagent_engine.tokenizer, self.task.call_tool,
-                        temperature=self.temperature)  # fmt: skip
+        return SubAgent(
+            self.subagent_engine,
+            self.subagent_engine.tokenizer,
+            self.task.call_tool,
+            temperature=self.temperature,
+        )
 
     def planner(self) -> PlannerAgent:
         sub = self.subagent()
@@ -108,11 +118,15 @@ def evaluate(
     system.episodes.clear()
     rollouts = system.run(questions, on_done=on_done)
     task = system.task
-    correct = [task.correct(r.transcript.final or "", q.answer) if r.transcript.format_ok else 0.0
-               for r, q in zip(rollouts, questions, strict=True)]  # fmt: skip
+    correct = [
+        task.correct(r.transcript.final or "", q.answer) if r.transcript.format_ok else 0.0
+        for r, q in zip(rollouts, questions, strict=True)
+    ]
     system.outcomes = correct
-    first_ok = [bool(r.delegations) and r.delegations[0].subtask.strip() == gold_plan(task.world, q)[0][0]
-                for r, q in zip(rollouts, questions, strict=True)]  # fmt: skip
+    first_ok = [
+        bool(r.delegations) and r.delegations[0].subtask.strip() == gold_plan(task.world, q)[0][0]
+        for r, q in zip(rollouts, questions, strict=True)
+    ]
     judged = [task.judge(s, tr.final or "") for s, tr in system.episodes if tr.format_ok]
     judged = [j for j in judged if not math.isnan(j)]
     n_eps = max(1, len(system.episodes))
@@ -130,15 +144,24 @@ def evaluate(
 
 
 def evaluate_single(
-    engine: HFEngine, task: DeepResearchTask, questions: Sequence[Question], majority: dict[str, str],
-    *, temperature: float = 1.0, concurrency: int = 64, seed: int | None = None,
-) -> dict[str, float]:  # fmt: skip
+    engine: HFEngine,
+    task: DeepResearchTask,
+    questions: Sequence[Question],
+    majority: dict[str, str],
+    *,
+    temperature: float = 1.0,
+    concurrency: int = 64,
+    seed: int | None = None,
+) -> dict[str, float]:
     """The single-agent baseline on `questions`: success, format rate, majority baseline, and the
     process metric 'first tool call searches the question's first entity'."""
     agent = SingleAgent(engine, engine.tokenizer, task.call_tool, temperature=temperature)
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        transcripts = list(pool.map(lambda q, s: agent.rollout(q.text, seed=s), questions,
-                                    question_seeds(seed, len(questions))))  # fmt: skip
+        transcripts = list(
+            pool.map(
+                lambda q, s: agent.rollout(q.text, seed=s), questions, question_seeds(seed, len(questions))
+            )
+        )
     correct = [
         task.correct(t.final or "", q.answer) if t.format_ok else 0.0
         for t, q in zip(transcripts, questions, strict=True)

@@ -24,8 +24,15 @@ from mgrpo.scoring import Item
 
 
 class Judge:
-    def __init__(self, path: str, prompt: str, *, device: torch.device | str = "cpu", batch_size: int = 16,
-                 max_prompt_tokens: int = 1024) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        prompt: str,
+        *,
+        device: torch.device | str = "cpu",
+        batch_size: int = 16,
+        max_prompt_tokens: int = 1024,
+    ) -> None:
         try:
             self.model, self.tok = load(path)
         except (OSError, ValueError) as exc:

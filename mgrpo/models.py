@@ -28,23 +28,53 @@ hf_logging.disable_progress_bar()  # shard-writing bars would drown our own prog
 
 # The agents' tags are single special tokens, so stopping and parsing never depend on BPE merges.
 SPECIAL_TOKENS = [
-    "<pad>", "<eos>",
-    "<think>", "</think>", "<delegate>", "</delegate>", "<delegate_result>", "</delegate_result>",
-    "<answer>", "</answer>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-    "<result>", "</result>",
-]  # fmt: skip
+    "<pad>",
+    "<eos>",
+    "<think>",
+    "</think>",
+    "<delegate>",
+    "</delegate>",
+    "<delegate_result>",
+    "</delegate_result>",
+    "<answer>",
+    "</answer>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<result>",
+    "</result>",
+]
 
 PRESETS: dict[str, dict[str, Any]] = {
     # ~0.44M parameters at vocab 320: the planner default
-    "tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=24),
+    "tiny": dict(
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+    ),
     # ~0.5M, another shape: the sub-agent default (the two models differ on purpose)
-    "tiny-wide": dict(hidden_size=128, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32),
+    "tiny-wide": dict(
+        hidden_size=128,
+        intermediate_size=320,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
     # ~3.2M: the throughput / MFU preset
-    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=32),
-}  # fmt: skip
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+    ),
+}
 
 
 def train_tokenizer(
@@ -68,9 +98,12 @@ def train_tokenizer(
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token=eos, padding_side="left",
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token=eos,
+        padding_side="left",
         additional_special_tokens=specials[2:],
-    )  # fmt: skip
+    )
 
 
 def build_model(
@@ -80,10 +113,14 @@ def build_model(
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
     config = Qwen3Config(
-        vocab_size=len(tokenizer), max_position_embeddings=max_positions, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
         **PRESETS[preset],
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     return cast(PreTrainedModel, AutoModelForCausalLM.from_config(config))
 

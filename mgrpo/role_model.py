@@ -77,9 +77,21 @@ def _broadcasts(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
 
 
 class RoleModel:
-    def __init__(self, cfg: JobConfig, role: str, *, cache_dir: Path, checkpoint_dir: Path, job_id: str,
-                 last_step: int, device: torch.device | str = "cpu", sglang_url: str = "", max_batch: int = 64,
-                 model_role: str | None = None, sglang_sync_host: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: JobConfig,
+        role: str,
+        *,
+        cache_dir: Path,
+        checkpoint_dir: Path,
+        job_id: str,
+        last_step: int,
+        device: torch.device | str = "cpu",
+        sglang_url: str = "",
+        max_batch: int = 64,
+        model_role: str | None = None,
+        sglang_sync_host: str = "",
+    ) -> None:
         """`role`: whose update settings and checkpoints these are; `model_role` (default `role`): whose
         starting model to load (`single` for the single-agent baseline). `last_step`: the last step the
         ledger holds for the role (-1: none), resumed from its checkpoint. `sglang_sync_host`: push each
@@ -97,16 +109,28 @@ class RoleModel:
         if self.world > 1:
             if is_sharded(state) and not ranks.shards_optimizer():  # shards this group cannot read
                 state = full_optimizer_state(self.model, state)
-            ranks.call("open", config=self.model.config.to_dict(), lr=optim.lr, with_ref=self.ref_model is not None,
-                       local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model})  # fmt: skip
+            ranks.call(
+                "open",
+                config=self.model.config.to_dict(),
+                lr=optim.lr,
+                with_ref=self.ref_model is not None,
+                local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model},
+            )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=0.0)
         if state is not None and self.world == 1:
             load_optimizer_state(self.model, self.optimizer, state)
         self.version = resume.version if resume else 0
         self.start_step = last_step + 1
-        self.engine = rollout_engine(self.model, self.tokenizer, sglang_url, weights=source, max_batch=max_batch,
-                                     own_weights=cfg.max_staleness > 0, version=self.version,
-                                     sync_host=sglang_sync_host)  # fmt: skip
+        self.engine = rollout_engine(
+            self.model,
+            self.tokenizer,
+            sglang_url,
+            weights=source,
+            max_batch=max_batch,
+            own_weights=cfg.max_staleness > 0,
+            version=self.version,
+            sync_host=sglang_sync_host,
+        )
         self.spec = cfg.model_of("planner" if role == "single" else role)
         self.settings = UpdateSettings.of(optim, self.spec.temperature)
 
@@ -127,14 +151,28 @@ class RoleModel:
         stale = [s.policy_version < self.version for s in kept]
         with self.engine.paused(), _yielding(not self.engine.shares_weights):
             if self.world > 1:
-                metrics = ranks.call("update", samples=batch, settings=self.settings, pad_id=self.pad_id,
-                                     seed=seed, stale=stale)  # fmt: skip
+                metrics = ranks.call(
+                    "update",
+                    samples=batch,
+                    settings=self.settings,
+                    pad_id=self.pad_id,
+                    seed=seed,
+                    stale=stale,
+                )
                 t0 = time.perf_counter()
                 ranks.call("sync", local={"into": self.model})
                 metrics["weight_sync_s"] = time.perf_counter() - t0
             else:
-                metrics = ppo_update(self.model, self.optimizer, batch, self.settings, pad_id=self.pad_id,
-                                     seed=seed, ref_model=self.ref_model, stale=stale)  # fmt: skip
+                metrics = ppo_update(
+                    self.model,
+                    self.optimizer,
+                    batch,
+                    self.settings,
+                    pad_id=self.pad_id,
+                    seed=seed,
+                    ref_model=self.ref_model,
+                    stale=stale,
+                )
             self.version += 1
             if self.engine.shares_weights:
                 self.engine.weights_version = self.version
@@ -175,8 +213,16 @@ class RoleModel:
             write = lambda folder: ranks.call("save_optimizer", path=str(folder))  # noqa: E731
         else:  # the full state, gathered to rank 0
             state = ranks.call("optimizer_state")
-        ckpt = save_checkpoint(self.ckpt_root, self.model, self.tokenizer, state, step=step, version=self.version,
-                               keep_every_steps=self.cfg.checkpoint_keep_every_steps, write_optimizer=write)  # fmt: skip
+        ckpt = save_checkpoint(
+            self.ckpt_root,
+            self.model,
+            self.tokenizer,
+            state,
+            step=step,
+            version=self.version,
+            keep_every_steps=self.cfg.checkpoint_keep_every_steps,
+            write_optimizer=write,
+        )
         if (
             push
             and not self.engine.shares_weights

@@ -41,20 +41,29 @@ def warmstart_config(job: JobConfig) -> WarmstartConfig:
     wf = get_workflow(job.workflow)  # not job.flow: single_agent mode still names the warm start's sub-agent
     callee = "subagent" if "subagent" in wf.role_names else wf.callees[0]
     return WarmstartConfig(
-        seed=job.seed, n_people=job.n_people, steps=steps,
+        seed=job.seed,
+        n_people=job.n_people,
+        steps=steps,
         planner_preset=job.model_of("planner").preset or "tiny",
         subagent_preset=job.model_of(callee).preset or "tiny-wide",
         eval_questions=100 if steps >= 100 else 0,
-    )  # fmt: skip
+    )
 
 
 def marsrl_warmstart_config(job: JobConfig) -> MarsWarmstartConfig:
     default = MarsWarmstartConfig()
     steps = default.steps if job.warmstart_steps is None else job.warmstart_steps
     solver, verifier, corrector = (job.model_of(r).preset or default.preset(r) for r in MARS_ROLES)
-    return MarsWarmstartConfig(seed=job.seed, steps=steps, n_ops=job.marsrl.n_ops, solver_preset=solver,
-                               verifier_preset=verifier, corrector_preset=corrector, shared_preset=solver,
-                               eval_problems=100 if steps >= 100 else 0)  # fmt: skip
+    return MarsWarmstartConfig(
+        seed=job.seed,
+        steps=steps,
+        n_ops=job.marsrl.n_ops,
+        solver_preset=solver,
+        verifier_preset=verifier,
+        corrector_preset=corrector,
+        shared_preset=solver,
+        eval_problems=100 if steps >= 100 else 0,
+    )
 
 
 def job_task(job: JobConfig) -> DeepResearchTask:

@@ -88,8 +88,11 @@ def builtin(cfg: RewardConfig) -> Callable[[str, str], float]:
     if cfg.kind == "numeric":
         return lambda a, r: numeric(a, r, cfg.numeric_rel_tol)
     rules: dict[str, Callable[[str, str], float]] = {
-        "exact": exact, "normalized": normalized, "regex": regex, "math": math_equal,
-    }  # fmt: skip
+        "exact": exact,
+        "normalized": normalized,
+        "regex": regex,
+        "math": math_equal,
+    }
     return rules[cfg.kind]
 
 
@@ -119,8 +122,12 @@ class Scorer:
 
     def _http(self, items: Sequence[Item]) -> Scores:
         assert self.http is not None and self.cfg.url is not None
-        body = {"items": [{"query": i.query, "answer": i.answer, "reference": i.reference,
-                           "metadata": i.metadata} for i in items]}  # fmt: skip
+        body = {
+            "items": [
+                {"query": i.query, "answer": i.answer, "reference": i.reference, "metadata": i.metadata}
+                for i in items
+            ]
+        }
         last = ""
         for _ in range(self.cfg.retries + 1):
             try:
@@ -155,5 +162,8 @@ def _checked(values: list[float], source: str) -> Scores:
     message = (
         f"{source} gave {len(bad)} reward(s) outside [0, 1] or NaN ({shown}); they are excluded from training"
     )
-    return Scores([math.nan if (math.isnan(v) or not 0.0 <= v <= 1.0) else v for v in values],
-                  rejected=len(bad), messages=[message])  # fmt: skip
+    return Scores(
+        [math.nan if (math.isnan(v) or not 0.0 <= v <= 1.0) else v for v in values],
+        rejected=len(bad),
+        messages=[message],
+    )

@@ -87,8 +87,13 @@ def shared_prefix_logprobs(
         pre_mask[g, :p] = 1
     positions = torch.arange(width, device=dev).expand(len(prompt_len), -1)
     cache = DynamicCache(config=getattr(model, "config", None))
-    pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=positions, use_cache=True,
-                **cache_kwargs(model, cache))  # fmt: skip
+    pre = model(
+        input_ids=pre_ids,
+        attention_mask=pre_mask,
+        position_ids=positions,
+        use_cache=True,
+        **cache_kwargs(model, cache),
+    )
     rows = torch.tensor(group_of, device=dev)
     starts = torch.tensor(prompt_len, device=dev)[rows]  # (B,) each row's first own token
     last = pre.logits[torch.arange(len(prompt_len), device=dev), torch.tensor(prompt_len, device=dev) - 1]

@@ -67,9 +67,20 @@ class UpdateSettings:
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
         """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
-        return cls(optim.ppo_epochs, optim.minibatch_size, optim.clip_low, optim.clip_high, optim.loss_agg,
-                   optim.max_grad_norm, temperature, optim.kl_coef, optim.compile, optim.is_cap,
-                   optim.microbatch_tokens, optim.shared_prefix)  # fmt: skip
+        return cls(
+            optim.ppo_epochs,
+            optim.minibatch_size,
+            optim.clip_low,
+            optim.clip_high,
+            optim.loss_agg,
+            optim.max_grad_norm,
+            temperature,
+            optim.kl_coef,
+            optim.compile,
+            optim.is_cap,
+            optim.microbatch_tokens,
+            optim.shared_prefix,
+        )
 
 
 def ppo_update(
@@ -111,8 +122,16 @@ def ppo_update(
     for order in orders:
         for start in range(0, len(order), settings.minibatch_size):
             idx = order[start : start + settings.minibatch_size]
-            metrics = _minibatch(model, optimizer, [samples[i] for i in idx], settings, pad_id, ref_model,
-                                 None if prox is None else [prox[i] for i in idx], shard)  # fmt: skip
+            metrics = _minibatch(
+                model,
+                optimizer,
+                [samples[i] for i in idx],
+                settings,
+                pad_id,
+                ref_model,
+                None if prox is None else [prox[i] for i in idx],
+                shard,
+            )
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             n_updates += 1
@@ -245,9 +264,13 @@ def _minibatch(
     micro = [[batch_samples[i] for i in idx] for idx in cuts]
     micro_prox = [None if prox is None else [prox[i] for i in idx] for idx in cuts]
     weights = [
-        0.0 if idle or j >= n_real else agg_count([t.mask[1:] for t, _ in part], s.loss_agg) / total if total else len(part) / len(batch_samples)
+        0.0
+        if idle or j >= n_real
+        else agg_count([t.mask[1:] for t, _ in part], s.loss_agg) / total
+        if total
+        else len(part) / len(batch_samples)
         for j, part in enumerate(micro)
-    ]  # fmt: skip
+    ]
     if getattr(model, "pipelined", False):  # its schedule runs the micro-batches
         part_metrics = _pipelined(model, micro, weights, s, pad_id, ref_model, micro_prox)
     else:
@@ -336,8 +359,9 @@ def _logprobs(model: PreTrainedModel, batch: TokenBatch, s: UpdateSettings) -> t
             compiled_forward(model), batch.input_ids, batch.attention_mask, temperature=s.temperature
         )
     if s.shared_prefix and shares_prefixes(model) is None:
-        return shared_prefix_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                      temperature=s.temperature)  # fmt: skip
+        return shared_prefix_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=s.temperature
+        )
     return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=s.temperature)
 
 
@@ -370,9 +394,19 @@ def _part_loss(
     ref_logp: torch.Tensor | None,
     s: UpdateSettings,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    loss, metrics = policy_loss(logp, batch.logp_old, adv, batch.loss_mask, clip_low=s.clip_low,
-                                clip_high=s.clip_high, agg=s.loss_agg, ref_logp=ref_logp, kl_coef=s.kl_coef,
-                                logp_prox=logp_prox, is_cap=s.is_cap)  # fmt: skip
+    loss, metrics = policy_loss(
+        logp,
+        batch.logp_old,
+        adv,
+        batch.loss_mask,
+        clip_low=s.clip_low,
+        clip_high=s.clip_high,
+        agg=s.loss_agg,
+        ref_logp=ref_logp,
+        kl_coef=s.kl_coef,
+        logp_prox=logp_prox,
+        is_cap=s.is_cap,
+    )
     metrics["loss"] = loss.item()
     return loss, metrics
 

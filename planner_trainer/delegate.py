@@ -39,15 +39,27 @@ class PartnerError(RuntimeError):
 
 
 class SubagentClient:
-    def __init__(self, base_url: str, token: str, *, timeout_s: float, role: str = "subagent",
-                 cancelled: Callable[[], bool] | None = None, sign: Callable[[dict[str, Any]], str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout_s: float,
+        role: str = "subagent",
+        cancelled: Callable[[], bool] | None = None,
+        sign: Callable[[dict[str, Any]], str] | None = None,
+    ) -> None:
         """`cancelled()`: checked before every retry; True ends the wait with `JobCancelled`.
         `sign(body)`: the delegation's capability (`shared_store.capabilities`), sent with it."""
         self.base_url, self.role, self.sign = base_url.rstrip("/"), role, sign
         self.timeout_s, self.cancelled = timeout_s, cancelled
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
-                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))  # fmt: skip
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+        )
 
     def episode(self, body: dict[str, Any]) -> Delegation:
         if self.sign is not None:

@@ -54,9 +54,19 @@ EVAL_STEP, PROBE_STEP = 999_998, 999_999
 
 
 class PlannerJob(RootJob):
-    def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "",
-                 sglang_sync_host: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        cfg: JobConfig,
+        *,
+        cache_dir: Path,
+        checkpoint_dir: Path,
+        callees: dict[str, SubagentClient],
+        device: torch.device | str = "cpu",
+        sglang_url: str = "",
+        sglang_sync_host: str = "",
+    ) -> None:
         self.store, self.job_id, self.cfg, self.callees = store, job_id, cfg, callees
         self.remote = cfg.callee_trainers
         self.single = cfg.mode == "single_agent"
@@ -65,19 +75,40 @@ class PlannerJob(RootJob):
         self.scorer = Scorer(cfg.reward, device=device)
         self.tools = ToolBox(cfg.tools_of("planner") if self.single else [], self.task.tools)
         last = store.ledger.last_step(job_id, "planner")
-        self.m = RoleModel(cfg, "planner", cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                           last_step=last, device=device, sglang_url=sglang_url, sglang_sync_host=sglang_sync_host, max_batch=256,
-                           model_role="single" if self.single else "planner")  # fmt: skip
+        self.m = RoleModel(
+            cfg,
+            "planner",
+            cache_dir=cache_dir,
+            checkpoint_dir=checkpoint_dir,
+            job_id=job_id,
+            last_step=last,
+            device=device,
+            sglang_url=sglang_url,
+            sglang_sync_host=sglang_sync_host,
+            max_batch=256,
+            model_role="single" if self.single else "planner",
+        )
         self.start_step, self.engine, self.tokenizer = self.m.start_step, self.m.engine, self.m.tokenizer
         spec = self.m.spec
-        self.limits = AgentLimits(10 if self.single else 6, spec.max_context_tokens * (2 if self.single else 1),
-                                  spec.max_new_tokens_per_turn)  # fmt: skip
+        self.limits = AgentLimits(
+            10 if self.single else 6,
+            spec.max_context_tokens * (2 if self.single else 1),
+            spec.max_new_tokens_per_turn,
+        )
         store.policies.publish(
             PolicyVersion(job_id=job_id, role="planner", version=self.m.version, step=last)
         )
-        self.chat = None if not is_chat_model(self.tokenizer) or self.single else ChatFormat(
-            self.tokenizer, tool_schemas([("delegate", "builtin")]), parser=spec.tool_parser,
-            keep_thinking=spec.keep_thinking, terminal="answer")  # fmt: skip
+        self.chat = (
+            None
+            if not is_chat_model(self.tokenizer) or self.single
+            else ChatFormat(
+                self.tokenizer,
+                tool_schemas([("delegate", "builtin")]),
+                parser=spec.tool_parser,
+                keep_thinking=spec.keep_thinking,
+                terminal="answer",
+            )
+        )
 
     def produce(self, step: int) -> Rollouts:
         timer = PhaseTimer()
@@ -88,27 +119,33 @@ class PlannerJob(RootJob):
         with timer("reward"):
             qids = [f"q{qi}" for qi in range(len(questions))]
             scores = self._score(questions, transcripts, self.cfg.rollouts_per_query)
-            samples, correct = planner_samples(qids, transcripts, scores.values, self.cfg.rollouts_per_query,
-                                               self.m.engine.weights_version)  # fmt: skip
+            samples, correct = planner_samples(
+                qids, transcripts, scores.values, self.cfg.rollouts_per_query, self.m.engine.weights_version
+            )
         exchange = [sum(d.exchange_s for d in dels) for dels in delegations]  # sequential within a rollout
         every = [d for dels in delegations for d in dels]
         values = {
-            "planner/reward_mean": finite_mean([s.reward for s in samples]), "planner/success": finite_mean(correct),
-            "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
+            "planner/reward_mean": finite_mean([s.reward for s in samples]),
+            "planner/success": finite_mean(correct),
+            "planner/reward_rejected": float(scores.rejected),
+            "planner/reward_errors": float(scores.errors),
             "planner/format_ok": float(np.mean([t.format_ok for t in transcripts])),
             "planner/delegations_mean": float(np.mean([len(d) for d in delegations])),
             **({f"planner/{k}": v for k, v in self.tools.take_counts().items()} if self.single else {}),
             "timing/exchange_http_critical": max(exchange, default=0.0),
             "exchange/delegation_ms_mean": 1e3 * float(np.mean([d.exchange_s for d in every] or [0.0])),
-            "exchange/delegation_server_queue_ms_mean": 1e3 * float(np.mean([d.server_queue_s for d in every] or [0.0])),
-        }  # fmt: skip
+            "exchange/delegation_server_queue_ms_mean": 1e3
+            * float(np.mean([d.server_queue_s for d in every] or [0.0])),
+        }
         with timer("exchange_redis"):
             stats = self._query_stats(samples, correct, delegations)
             message = PlannerStepStats(
                 job_id=self.job_id, step=step, policy_version=self.version, queries=stats
             )
-            produced = {role: sum(len(set(r.episodes.get(role, []))) for q in stats for r in q.rollouts)
-                        for role in (self.remote if self.cfg.mode == "co_train" else ())}  # fmt: skip
+            produced = {
+                role: sum(len(set(r.episodes.get(role, []))) for q in stats for r in q.rollouts)
+                for role in (self.remote if self.cfg.mode == "co_train" else ())
+            }
             self.publish_produced(step, [("planner_stats", message)], samples, values, produced)
         return Rollouts(step, samples, timer, values)
 
@@ -124,9 +161,12 @@ class PlannerJob(RootJob):
             self.account_trained("planner", step, len(samples), metrics)
             self._commit(step, ckpt.path)
         values = {
-            **{f"planner/{k}": v for k, v in metrics.items()}, **rollouts.values,
-            "planner/adv_std": float(adv.std()), "planner/version": float(self.version), **self.finish_values(rollouts),
-        }  # fmt: skip
+            **{f"planner/{k}": v for k, v in metrics.items()},
+            **rollouts.values,
+            "planner/adv_std": float(adv.std()),
+            "planner/version": float(self.version),
+            **self.finish_values(rollouts),
+        }
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role="planner", values=values)
         )
@@ -134,8 +174,16 @@ class PlannerJob(RootJob):
 
     def _commit(self, step: int, ckpt: Path) -> None:
         """The step is done: ledger, policy version, progress (and garbage collection) in Redis."""
-        self.store.commit_step(PolicyVersion(job_id=self.job_id, role="planner", version=self.version, step=step,
-                                             checkpoint=self.m.shown(ckpt)), roles=self.cfg.trainer_roles)  # fmt: skip
+        self.store.commit_step(
+            PolicyVersion(
+                job_id=self.job_id,
+                role="planner",
+                version=self.version,
+                step=step,
+                checkpoint=self.m.shown(ckpt),
+            ),
+            roles=self.cfg.trainer_roles,
+        )
 
     def _dataset(self) -> tuple[list[Question], list[Question]]:
         """The job's dataset: its train split's and (the first `eval_queries` of) its held-out split's
@@ -169,8 +217,10 @@ class PlannerJob(RootJob):
             values[i] = v
         for message in scores.messages:
             log.warning("job %s: %s", self.job_id, message)
-            publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=-1, role="planner", kind="event",
-                                                            message=message))  # fmt: skip
+            publish_metrics(
+                self.store.client,
+                MetricsEvent(job_id=self.job_id, step=-1, role="planner", kind="event", message=message),
+            )
         return Scores(values, scores.rejected, scores.errors, scores.messages)
 
     # ---- held-out evaluation (a dataset with an eval split) ---------------------------------------
@@ -183,8 +233,10 @@ class PlannerJob(RootJob):
             if before is not None:
                 values |= {f"{k}_before": v for k, v in before.items()}
                 values["success_gain"] = after["success"] - before["success"]
-            publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=self.cfg.steps - 1,
-                                                            role="eval", values=values))  # fmt: skip
+            publish_metrics(
+                self.store.client,
+                MetricsEvent(job_id=self.job_id, step=self.cfg.steps - 1, role="eval", values=values),
+            )
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts of the held-out questions with the current policy: success (the job's
@@ -195,8 +247,12 @@ class PlannerJob(RootJob):
                 pool.map(lambda it: self.rollout(EVAL_STEP, f"eval{it[0]}", 0, it[1], 0.0)[0], items)
             )
         scores = self._score(self.held_out, transcripts, 1)
-        return {"success": finite_mean(scores.values), "format_ok": float(np.mean([t.format_ok for t in transcripts])),
-                "queries": float(len(items)), "reward_rejected": float(scores.rejected)}  # fmt: skip
+        return {
+            "success": finite_mean(scores.values),
+            "format_ok": float(np.mean([t.format_ok for t in transcripts])),
+            "queries": float(len(items)),
+            "reward_rejected": float(scores.rejected),
+        }
 
     def _rollouts(
         self, step: int, questions: list[Question]
@@ -210,13 +266,15 @@ class PlannerJob(RootJob):
         results = list(self.rollout_pool.map(one, jobs))
         return [r[0] for r in results], [r[1] for r in results]
 
-    def rollout(self, step: int, query_id: str, k: int, q: Question,
-                 temperature: float) -> tuple[Transcript, list[Delegation]]:  # fmt: skip
+    def rollout(
+        self, step: int, query_id: str, k: int, q: Question, temperature: float
+    ) -> tuple[Transcript, list[Delegation]]:
         """One rollout of a question: the planner's, each delegation an episode of `step` recorded by
         the callee's service; or the single agent's."""
         if self.single:
-            single = SingleAgent(self.engine, self.tokenizer, self.tools, temperature=temperature,
-                                 limits=self.limits)  # fmt: skip
+            single = SingleAgent(
+                self.engine, self.tokenizer, self.tools, temperature=temperature, limits=self.limits
+            )
             return single.rollout(q.text), []
         calls = iter(range(10_000))
 
@@ -225,8 +283,14 @@ class PlannerJob(RootJob):
             client = self.callees.get(role)
             if client is None:
                 raise PartnerError(f"no {role} service configured (MGRPO_ROLE_URLS or MGRPO_SUBAGENT_URL)")
-            body = {"job_id": self.job_id, "step": step, "query_id": query_id, "rollout": k, "call": next(calls),
-                    "subtask": subtask}  # fmt: skip
+            body = {
+                "job_id": self.job_id,
+                "step": step,
+                "query_id": query_id,
+                "rollout": k,
+                "call": next(calls),
+                "subtask": subtask,
+            }
             return client.episode(body)
 
         if self.chat is None:
@@ -243,21 +307,42 @@ class PlannerJob(RootJob):
             delegations.append(delegate(first_string(arguments)))
             return delegations[-1].result
 
-        chat = ChatAgent(self.engine, self.chat, call, temperature=temperature, max_turns=self.limits.max_turns,
-                         max_context_tokens=self.limits.max_context_tokens,
-                         max_new_tokens_per_turn=self.limits.max_new_tokens_per_turn)  # fmt: skip
+        chat = ChatAgent(
+            self.engine,
+            self.chat,
+            call,
+            temperature=temperature,
+            max_turns=self.limits.max_turns,
+            max_context_tokens=self.limits.max_context_tokens,
+            max_new_tokens_per_turn=self.limits.max_new_tokens_per_turn,
+        )
         return chat.run(q.text), delegations
 
-    def _query_stats(self, samples: list[Sample], correct: list[float], delegations: list[list[Delegation]]) -> list[QueryStats]:  # fmt: skip
+    def _query_stats(
+        self, samples: list[Sample], correct: list[float], delegations: list[list[Delegation]]
+    ) -> list[QueryStats]:
         """The per-query outcomes the sub-agent's trainer reads (its rewards and alignment come from them)."""
         K, out = self.cfg.rollouts_per_query, []
         for qi in range(len(samples) // K):
-            stats = [RolloutStat(rollout=k, reward=samples[qi * K + k].reward, correct=correct[qi * K + k],
-                                 format_ok=samples[qi * K + k].transcript.format_ok,
-                                 episodes=episodes_by_role(delegations[qi * K + k])) for k in range(K)]  # fmt: skip
+            stats = [
+                RolloutStat(
+                    rollout=k,
+                    reward=samples[qi * K + k].reward,
+                    correct=correct[qi * K + k],
+                    format_ok=samples[qi * K + k].transcript.format_ok,
+                    episodes=episodes_by_role(delegations[qi * K + k]),
+                )
+                for k in range(K)
+            ]
             rr = np.array([s.reward for s in stats])
-            out.append(QueryStats(query_id=samples[qi * K].group, rollouts=stats, reward_mean=float(rr.mean()),
-                                  reward_std=float(rr.std())))  # fmt: skip
+            out.append(
+                QueryStats(
+                    query_id=samples[qi * K].group,
+                    rollouts=stats,
+                    reward_mean=float(rr.mean()),
+                    reward_std=float(rr.std()),
+                )
+            )
         return out
 
     def close(self) -> None:

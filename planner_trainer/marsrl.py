@@ -37,9 +37,19 @@ TRAIN_POOL = 3000  # train problems a job draws its steps from
 
 
 class MarsRootJob(RootJob):
-    def __init__(self, store: Store, job_id: str, cfg: JobConfig, *, cache_dir: Path, checkpoint_dir: Path,
-                 callees: dict[str, SubagentClient], device: torch.device | str = "cpu", sglang_url: str = "",
-                 sglang_sync_host: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        cfg: JobConfig,
+        *,
+        cache_dir: Path,
+        checkpoint_dir: Path,
+        callees: dict[str, SubagentClient],
+        device: torch.device | str = "cpu",
+        sglang_url: str = "",
+        sglang_sync_host: str = "",
+    ) -> None:
         self.store, self.job_id, self.cfg = store, job_id, cfg
         self.root, self.local = cfg.flow.root, cfg.root_roles
         self.remote = cfg.callee_trainers
@@ -48,13 +58,33 @@ class MarsRootJob(RootJob):
             raise PartnerError(f"no service configured for role(s) {', '.join(missing)} (MGRPO_ROLE_URLS)")
         self.callees = callees
         last = store.ledger.last_step(job_id, self.root)
-        self.m = RoleModel(cfg, self.root, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                           last_step=last, device=device, sglang_url=sglang_url, sglang_sync_host=sglang_sync_host, max_batch=256)  # fmt: skip
-        self.agent = TurnAgent(self.m.engine, self.m.tokenizer, temperature=self.m.spec.temperature,
-                               max_new_tokens=self.m.spec.max_new_tokens_per_turn)  # fmt: skip
+        self.m = RoleModel(
+            cfg,
+            self.root,
+            cache_dir=cache_dir,
+            checkpoint_dir=checkpoint_dir,
+            job_id=job_id,
+            last_step=last,
+            device=device,
+            sglang_url=sglang_url,
+            sglang_sync_host=sglang_sync_host,
+            max_batch=256,
+        )
+        self.agent = TurnAgent(
+            self.m.engine,
+            self.m.tokenizer,
+            temperature=self.m.spec.temperature,
+            max_new_tokens=self.m.spec.max_new_tokens_per_turn,
+        )
         mc = cfg.marsrl
-        self.settings = MarsSettings(cfg.rollouts_per_query, mc.select_k, mc.selection, mc.reward, mc.max_agent_steps,
-                                     seed=cfg.seed * 1_000_003 + cfg.run_seed)  # fmt: skip
+        self.settings = MarsSettings(
+            cfg.rollouts_per_query,
+            mc.select_k,
+            mc.selection,
+            mc.reward,
+            mc.max_agent_steps,
+            seed=cfg.seed * 1_000_003 + cfg.run_seed,
+        )
         self.pool = make_problems("train", TRAIN_POOL, seed=cfg.seed, n_ops=mc.n_ops)
         self.http = ThreadPoolExecutor(max_workers=128, thread_name_prefix="marsrl-http")
         self.start_step = self.m.start_step
@@ -72,10 +102,16 @@ class MarsRootJob(RootJob):
         with timer("rollout"):
             attempts = rollout_step(self.problems(step), lambda *a: self._run(step, *a), self.settings, step)
         samples = [
-            Sample(a.role, a.group, a.ref, a.reward, policy_version=_version(a.ref, self.m.engine.weights_version))
+            Sample(
+                a.role,
+                a.group,
+                a.ref,
+                a.reward,
+                policy_version=_version(a.ref, self.m.engine.weights_version),
+            )
             for a in attempts
             if a.role in self.local
-        ]  # fmt: skip
+        ]
         values = attempt_metrics(attempts)
         with timer("exchange_redis"):
             batches = {
@@ -98,10 +134,22 @@ class MarsRootJob(RootJob):
             ckpt = self.m.save(step)
         with timer("exchange_redis"):
             self.account_trained(self.root, step, len(samples), metrics)
-            self.store.commit_step(PolicyVersion(job_id=self.job_id, role=self.root, version=self.version, step=step,
-                                                 checkpoint=self.m.shown(ckpt.path)), roles=self.cfg.trainer_roles)  # fmt: skip
-        values = {**{f"{self.root}/{k}": v for k, v in metrics.items()}, **rollouts.values,
-                  f"{self.root}/version": float(self.version), **self.finish_values(rollouts)}  # fmt: skip
+            self.store.commit_step(
+                PolicyVersion(
+                    job_id=self.job_id,
+                    role=self.root,
+                    version=self.version,
+                    step=step,
+                    checkpoint=self.m.shown(ckpt.path),
+                ),
+                roles=self.cfg.trainer_roles,
+            )
+        values = {
+            **{f"{self.root}/{k}": v for k, v in metrics.items()},
+            **rollouts.values,
+            f"{self.root}/version": float(self.version),
+            **self.finish_values(rollouts),
+        }
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=step, role=self.root, values=values)
         )
@@ -134,8 +182,13 @@ def role_batch(job_id: str, step: int, version: int, role: str, attempts: list[A
     for a in attempts:
         if a.role == role:
             groups.setdefault(a.group, []).append(ScoredEpisode(episode_id=str(a.ref), reward=a.reward))
-    return RoleBatch(job_id=job_id, step=step, policy_version=version, role=role,
-                     groups=[EpisodeGroup(group=g, episodes=e) for g, e in groups.items()])  # fmt: skip
+    return RoleBatch(
+        job_id=job_id,
+        step=step,
+        policy_version=version,
+        role=role,
+        groups=[EpisodeGroup(group=g, episodes=e) for g, e in groups.items()],
+    )
 
 
 def attempt_metrics(attempts: list[Attempt]) -> dict[str, float]:

@@ -13,8 +13,15 @@ from shared_store import Store
 from shared_store.jobs import JobCancelled
 
 
-def wait_applied(store: Store, job_id: str, roles: tuple[str, ...], step: int, *, timeout_s: float,
-                 stop: threading.Event | None = None) -> None:  # fmt: skip
+def wait_applied(
+    store: Store,
+    job_id: str,
+    roles: tuple[str, ...],
+    step: int,
+    *,
+    timeout_s: float,
+    stop: threading.Event | None = None,
+) -> None:
     """Block until every role in `roles` has `step` in the ledger (nothing to wait for when step < 0);
     returns early when `stop` is set."""
     if step < 0:

@@ -75,18 +75,36 @@ class ProgramRootJob(PlannerJob):
     # ---- serving the root role's own calls --------------------------------------------------------
     def chat_completion(self, session: str | None, body: dict[str, Any]) -> dict[str, Any]:
         assert self.cfg.program is not None
-        return serve(self.engine, self.tokenizer, "planner", self.sessions, session, body,
-                     max_tokens=self.cfg.program.max_tokens, parser=self.m.spec.tool_parser, record=self.record)  # fmt: skip
+        return serve(
+            self.engine,
+            self.tokenizer,
+            "planner",
+            self.sessions,
+            session,
+            body,
+            max_tokens=self.cfg.program.max_tokens,
+            parser=self.m.spec.tool_parser,
+            record=self.record,
+        )
 
     def record(self, step: int, query_id: str, rollout: int, n: int, call: ChatCall) -> None:
-        self.store.episodes.record_call(job_id=self.job_id, step=step, query_id=program_query(query_id, "planner"),
-                                        rollout=rollout, call=n, version=call.weights_version,
-                                        arrays=EpisodeArrays.of(call.token_ids, call.logp, call.mask),
-                                        finish_reason=call.finish_reason, subtask=call.last_user, result=call.content)  # fmt: skip
+        self.store.episodes.record_call(
+            job_id=self.job_id,
+            step=step,
+            query_id=program_query(query_id, "planner"),
+            rollout=rollout,
+            call=n,
+            version=call.weights_version,
+            arrays=EpisodeArrays.of(call.token_ids, call.logp, call.mask),
+            finish_reason=call.finish_reason,
+            subtask=call.last_user,
+            result=call.content,
+        )
 
     # ---- a rollout: one run of the program ---------------------------------------------------------
-    def rollout(self, step: int, query_id: str, k: int, q: Question,
-                temperature: float) -> tuple[Transcript, list[Delegation]]:  # fmt: skip
+    def rollout(
+        self, step: int, query_id: str, k: int, q: Question, temperature: float
+    ) -> tuple[Transcript, list[Delegation]]:
         """The run's answer as a transcript without tokens (the trained tokens are the recorded calls)."""
         session = session_id(step, query_id, k)
         urls = {r: f"{u.rstrip('/')}/v1/s/{session}" for r, u in self.role_urls.items()}
@@ -126,20 +144,35 @@ class ProgramRootJob(PlannerJob):
             ids = self.store.episodes.step_ids(self.job_id, step)
             qids = [f"q{qi}" for qi in range(len(questions))]
             calls = {r: [episodes_of(ids, r, qid, K) for qid in qids] for r in self.cfg.flow.role_names}
-            stats = [QueryStats(query_id=qid, rollouts=[RolloutStat(
-                rollout=k, reward=correct[qi * K + k], correct=correct[qi * K + k], format_ok=transcripts[qi * K + k].format_ok,
-                episodes={r: calls[r][qi][k] for r in self.remote}) for k in range(K)],
-                reward_mean=finite_mean(correct[qi * K:(qi + 1) * K]), reward_std=float(np.nanstd(correct[qi * K:(qi + 1) * K])))
-                for qi, qid in enumerate(qids)]  # fmt: skip
+            stats = [
+                QueryStats(
+                    query_id=qid,
+                    rollouts=[
+                        RolloutStat(
+                            rollout=k,
+                            reward=correct[qi * K + k],
+                            correct=correct[qi * K + k],
+                            format_ok=transcripts[qi * K + k].format_ok,
+                            episodes={r: calls[r][qi][k] for r in self.remote},
+                        )
+                        for k in range(K)
+                    ],
+                    reward_mean=finite_mean(correct[qi * K : (qi + 1) * K]),
+                    reward_std=float(np.nanstd(correct[qi * K : (qi + 1) * K])),
+                )
+                for qi, qid in enumerate(qids)
+            ]
             samples = self._own_samples(step, qids, calls["planner"], correct)
             values = {
-                "planner/success": finite_mean(correct), "planner/reward_mean": finite_mean(correct),
+                "planner/success": finite_mean(correct),
+                "planner/reward_mean": finite_mean(correct),
                 "planner/program_errors": float(self.program_errors - errors_before),
                 "planner/empty_answers": float(self.empty_answers - empty_before),
-                "planner/reward_rejected": float(scores.rejected), "planner/reward_errors": float(scores.errors),
+                "planner/reward_rejected": float(scores.rejected),
+                "planner/reward_errors": float(scores.errors),
                 **{f"{r}/calls": float(sum(len(e) for per_q in calls[r] for e in per_q)) for r in calls},
                 **{f"planner/{k}": v for k, v in self.sessions.take_counts().items()},
-            }  # fmt: skip
+            }
             message = PlannerStepStats(
                 job_id=self.job_id, step=step, policy_version=self.version, queries=stats
             )
@@ -147,7 +180,9 @@ class ProgramRootJob(PlannerJob):
             self.publish_produced(step, [("planner_stats", message)], samples, values, produced)
         return Rollouts(step, samples, timer, values)
 
-    def _own_samples(self, step: int, qids: list[str], calls: list[list[list[str]]], correct: list[float]) -> list[Sample]:  # fmt: skip
+    def _own_samples(
+        self, step: int, qids: list[str], calls: list[list[list[str]]], correct: list[float]
+    ) -> list[Sample]:
         """The root role's calls of each query, aligned to D per run and pooled, rewarded with the outcome."""
         K, out = self.cfg.rollouts_per_query, []
         for qi, qid in enumerate(qids):
@@ -159,7 +194,14 @@ class ProgramRootJob(PlannerJob):
                 continue
             unique = list(dict.fromkeys(e for _, e in slots))
             got = self.store.episodes.get_many(self.job_id, step, unique)
-            fetched = {eid: Episode(Transcript(a.token_ids.tolist(), a.logp.tolist(), a.loss_mask.tolist(), 0),
-                                    m.format_ok, math.nan, m.policy_version) for eid, (m, a) in zip(unique, got, strict=True)}  # fmt: skip
+            fetched = {
+                eid: Episode(
+                    Transcript(a.token_ids.tolist(), a.logp.tolist(), a.loss_mask.tolist(), 0),
+                    m.format_ok,
+                    math.nan,
+                    m.policy_version,
+                )
+                for eid, (m, a) in zip(unique, got, strict=True)
+            }
             out += outcome_samples("planner", qid, slots, fetched, correct[qi * K : (qi + 1) * K])
         return out

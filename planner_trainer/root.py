@@ -123,7 +123,11 @@ class RootJob:
             # a rollout in flight ends in seconds; the thread is a daemon either way
             rollouts.join(timeout=min(self.cfg.partner_timeout_s, 30.0))
 
-    def _done(self, rollouts_values: tuple[int, dict[str, float]], on_step: Callable[[int, dict[str, float]], None] | None) -> None:  # fmt: skip
+    def _done(
+        self,
+        rollouts_values: tuple[int, dict[str, float]],
+        on_step: Callable[[int, dict[str, float]], None] | None,
+    ) -> None:
         step, values = rollouts_values
         with self._cond:
             self._applied = step
@@ -149,8 +153,14 @@ class RootJob:
         if self.cfg.mode != "co_train":
             return  # main_only: the sub-agent never updates; single_agent: there is none
         with timer("wait_partner"):
-            wait_applied(self.store, self.job_id, self.remote, bound, timeout_s=self.cfg.partner_timeout_s,
-                         stop=self._stop)  # fmt: skip
+            wait_applied(
+                self.store,
+                self.job_id,
+                self.remote,
+                bound,
+                timeout_s=self.cfg.partner_timeout_s,
+                stop=self._stop,
+            )
         if self._stop.is_set():
             raise _Stopped()
 
@@ -169,15 +179,34 @@ class RootJob:
         """Roll the step out, score it, and `publish_produced` it."""
         raise NotImplementedError
 
-    def publish_produced(self, step: int, messages: Sequence[tuple[str, StepMessage]], samples: list[Sample],
-                         values: dict[str, float], produced: dict[str, int]) -> None:  # fmt: skip
+    def publish_produced(
+        self,
+        step: int,
+        messages: Sequence[tuple[str, StepMessage]],
+        samples: list[Sample],
+        values: dict[str, float],
+        produced: dict[str, int],
+    ) -> None:
         """Hand every callee role its share of the step (`messages`) and keep the root's own samples
         beside them, atomically (`store.root_steps`); then account what each queue was handed."""
-        kept = [(RootSampleMeta(job_id=self.job_id, step=step, policy_version=s.policy_version, index=i, role=s.role,
-                                group=s.group, reward=None if math.isnan(s.reward) else s.reward,
-                                prompt_len=s.transcript.prompt_len, episode_id=s.episode_id, n_tokens=0),
-                 EpisodeArrays.of(s.transcript.token_ids, s.transcript.logp, s.transcript.mask))
-                for i, s in enumerate(samples)]  # fmt: skip
+        kept = [
+            (
+                RootSampleMeta(
+                    job_id=self.job_id,
+                    step=step,
+                    policy_version=s.policy_version,
+                    index=i,
+                    role=s.role,
+                    group=s.group,
+                    reward=None if math.isnan(s.reward) else s.reward,
+                    prompt_len=s.transcript.prompt_len,
+                    episode_id=s.episode_id,
+                    n_tokens=0,
+                ),
+                EpisodeArrays.of(s.transcript.token_ids, s.transcript.logp, s.transcript.mask),
+            )
+            for i, s in enumerate(samples)
+        ]
         self.store.root_steps.publish(self.job_id, step, messages, kept, values, produced)
         self._account_produced(step, len(samples), produced)
 
@@ -192,9 +221,17 @@ class RootJob:
         kept = self.store.root_steps.get(self.job_id, step)
         if kept is None:
             return self.produce(step)
-        samples = [Sample(m.role, m.group, Transcript(a.token_ids.tolist(), a.logp.tolist(), a.loss_mask.tolist(),
-                                                      m.prompt_len), math.nan if m.reward is None else m.reward,
-                          policy_version=m.policy_version, episode_id=m.episode_id) for m, a in kept.samples]  # fmt: skip
+        samples = [
+            Sample(
+                m.role,
+                m.group,
+                Transcript(a.token_ids.tolist(), a.logp.tolist(), a.loss_mask.tolist(), m.prompt_len),
+                math.nan if m.reward is None else m.reward,
+                policy_version=m.policy_version,
+                episode_id=m.episode_id,
+            )
+            for m, a in kept.samples
+        ]
         self._account_produced(step, len(samples), kept.produced)
         log.info(
             "job %s: step %d was published before a restart; training on it as it was", self.job_id, step

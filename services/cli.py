@@ -81,11 +81,16 @@ def local_up(
 
     _check_workflow(workflow)
     roles = workflow_roles(workflow, shared=shared)
-    cluster = LocalCluster(run_dir, redis_url=redis_url, api_token=api_token, roles=roles,
-                           ranks=_parse_counts("--ranks", ranks or [], roles),
-                           nodes=_parse_counts("--nodes", nodes or [], roles),
-                           role_env=_role_env(backend or [], pipeline_stages or [], roles),
-                           ports={r: port + i for i, r in enumerate(("controller", *roles))})  # fmt: skip
+    cluster = LocalCluster(
+        run_dir,
+        redis_url=redis_url,
+        api_token=api_token,
+        roles=roles,
+        ranks=_parse_counts("--ranks", ranks or [], roles),
+        nodes=_parse_counts("--nodes", nodes or [], roles),
+        role_env=_role_env(backend or [], pipeline_stages or [], roles),
+        ports={r: port + i for i, r in enumerate(("controller", *roles))},
+    )
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (kill, a supervisor) stops the cluster like Ctrl-C, even mid-start
@@ -241,8 +246,10 @@ def _marsrl_warmstart(steps: int | None, seed: int, cache_dir: Path) -> None:
     result = marsrl_warmstart_with_progress(cfg, cache_dir, console)
     console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
     for name, m in result.metrics.items():
-        console.print(f"[bold]{name}[/] solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  "
-                      f"verifier accuracy {m['verifier_accuracy']:.2f} (always-Correct {m['always_correct_verifier_accuracy']:.2f})")  # fmt: skip
+        console.print(
+            f"[bold]{name}[/] solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  "
+            f"verifier accuracy {m['verifier_accuracy']:.2f} (always-Correct {m['always_correct_verifier_accuracy']:.2f})"
+        )
 
 
 # The demos' held-out evaluations. Deep research: 1,600 questions put the gain's paired standard error
@@ -291,8 +298,17 @@ def demo(
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if workflow == "marsrl":
         try:
-            run_marsrl_demo(out, steps=steps, redis_url=redis_url, cache_dir=cache_dir, lr=lr, eval_problems=eval_questions or MARSRL_EVAL_PROBLEMS,
-                            shared=shared, warmstart_steps=warmstart_steps, console=console)  # fmt: skip
+            run_marsrl_demo(
+                out,
+                steps=steps,
+                redis_url=redis_url,
+                cache_dir=cache_dir,
+                lr=lr,
+                eval_problems=eval_questions or MARSRL_EVAL_PROBLEMS,
+                shared=shared,
+                warmstart_steps=warmstart_steps,
+                console=console,
+            )
         except (RuntimeError, ValueError) as exc:
             raise fail(str(exc)) from None
         return

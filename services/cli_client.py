@@ -71,8 +71,12 @@ def dataset_upload(
         raise fail(f"no file at {file}")
     try:
         with _client(controller, api_token) as http:
-            resp = http.post("/v1/datasets", content=file.read_bytes(), params={"name": name or file.name},
-                             headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+            resp = http.post(
+                "/v1/datasets",
+                content=file.read_bytes(),
+                params={"name": name or file.name},
+                headers={"Content-Type": "application/octet-stream"},
+            )
     except httpx.HTTPError as exc:
         raise fail(f"cannot reach the controller at {controller}: {exc}") from None
     if resp.status_code not in (200, 201):

@@ -90,9 +90,15 @@ def serve(
     from mgrpo.runtime import resolve_device
     from services.settings import get_settings
 
-    given = {"MGRPO_ROLE": as_role, "MGRPO_RANKS": ranks, "MGRPO_NODES": nodes,
-             "MGRPO_NODE_RANK": node_rank, "MGRPO_RENDEZVOUS": rendezvous, "MGRPO_BACKEND": backend,
-             "MGRPO_PIPELINE_STAGES": pipeline_stages}  # fmt: skip
+    given = {
+        "MGRPO_ROLE": as_role,
+        "MGRPO_RANKS": ranks,
+        "MGRPO_NODES": nodes,
+        "MGRPO_NODE_RANK": node_rank,
+        "MGRPO_RENDEZVOUS": rendezvous,
+        "MGRPO_BACKEND": backend,
+        "MGRPO_PIPELINE_STAGES": pipeline_stages,
+    }
     for name, value in given.items():
         if value is not None:
             if role == "controller":
@@ -112,8 +118,13 @@ def serve(
         raise fail(str(exc)) from None
 
     def run() -> None:
-        uvicorn.run(apps[role], host=host, port=port, log_level=log_level,
-                    timeout_graceful_shutdown=settings.shutdown_grace_s)  # fmt: skip  # SIGTERM: stopped within ~2 s
+        uvicorn.run(
+            apps[role],
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=settings.shutdown_grace_s,
+        )  # SIGTERM: stopped within ~2 s
 
     if role == "controller":
         return run()

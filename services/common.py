@@ -249,8 +249,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(redis.TimeoutError)
     async def unavailable(_: Request, exc: Exception) -> JSONResponse:
         """Redis away past the client's retries: a 503 to retry, never a 500."""
-        return JSONResponse({"detail": f"the store (Redis) is unreachable: {exc}; retry shortly"}, status_code=503,
-                            headers={"Retry-After": "5"})  # fmt: skip
+        return JSONResponse(
+            {"detail": f"the store (Redis) is unreachable: {exc}; retry shortly"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

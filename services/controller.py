@@ -31,8 +31,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
 
 
-app = FastAPI(title="mgrpo controller", version="0.1.0", lifespan=lifespan,
-              description="Submit and follow decoupled M-GRPO training jobs.")  # fmt: skip
+app = FastAPI(
+    title="mgrpo controller",
+    version="0.1.0",
+    lifespan=lifespan,
+    description="Submit and follow decoupled M-GRPO training jobs.",
+)
 install_common(app, "controller")
 
 
@@ -44,9 +48,13 @@ def job_view(store: Store, record: JobRecord) -> JobView:
     }
     roles = record.roles or list(keys.ROLES)
     versions = {r: v.version for r in roles if (v := store.policies.get(jid, r)) is not None}
-    return JobView(**record.model_dump(include=set(JobView.model_fields) & set(record.model_fields)),
-                   steps_done={r: store.ledger.last_step(jid, r) for r in roles},
-                   policy_versions=versions, samples=store.accounts.totals(jid), latest_metrics=latest)  # fmt: skip
+    return JobView(
+        **record.model_dump(include=set(JobView.model_fields) & set(record.model_fields)),
+        steps_done={r: store.ledger.last_step(jid, r) for r in roles},
+        policy_versions=versions,
+        samples=store.accounts.totals(jid),
+        latest_metrics=latest,
+    )
 
 
 @app.post(
@@ -55,10 +63,16 @@ def job_view(store: Store, record: JobRecord) -> JobView:
     response_model=DatasetView,
     dependencies=[AuthDep],
     tags=["datasets"],
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/jsonl": {"schema": {"type": "string", "format": "binary"}},
-        "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}}}}},
-)  # fmt: skip
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/jsonl": {"schema": {"type": "string", "format": "binary"}},
+                "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
 async def upload_dataset(
     request: Request,
     response: Response,
@@ -83,8 +97,13 @@ async def upload_dataset(
         rows = await asyncio.to_thread(datasets.parse, bytes(body))
     except datasets.DatasetError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-    info, created = store.datasets.put(datasets.dataset_id(rows), datasets.canonical(rows), name=name,
-                                       rows=len(rows), splits=datasets.splits(rows))  # fmt: skip
+    info, created = store.datasets.put(
+        datasets.dataset_id(rows),
+        datasets.canonical(rows),
+        name=name,
+        rows=len(rows),
+        splits=datasets.splits(rows),
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     return DatasetView(**info.model_dump(include=set(DatasetView.model_fields)), created=created)
@@ -96,8 +115,11 @@ def _too_large(limit: int) -> str:
 
 @app.get("/v1/datasets", response_model=DatasetList, dependencies=[ReadDep], tags=["datasets"])
 def list_datasets(store: StoreDep) -> DatasetList:
-    return DatasetList(datasets=[DatasetView(**d.model_dump(include=set(DatasetView.model_fields)))
-                                 for d in store.datasets.list()])  # fmt: skip
+    return DatasetList(
+        datasets=[
+            DatasetView(**d.model_dump(include=set(DatasetView.model_fields))) for d in store.datasets.list()
+        ]
+    )
 
 
 @app.get("/v1/datasets/{dataset_id}", response_model=DatasetView, dependencies=[ReadDep], tags=["datasets"])
@@ -165,17 +187,25 @@ def create_job(
                 "job id", job_id
             )  # the store's rule: no id of only dots (a folder above the checkpoints)
         except ValueError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                                [{"loc": ["query", "job_id"], "type": "value_error", "msg": str(exc)}]) from None  # fmt: skip
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                [{"loc": ["query", "job_id"], "type": "value_error", "msg": str(exc)}],
+            ) from None
     size = config.steps * config.prompts_per_step * config.rollouts_per_query
     if size > settings.max_job_rollouts:
-        _unprocessable(("steps",), f"steps × prompts_per_step × rollouts_per_query = {size:,} rollouts, over this "
-                                   f"service's limit of {settings.max_job_rollouts:,} (MGRPO_MAX_JOB_ROLLOUTS)")  # fmt: skip
+        _unprocessable(
+            ("steps",),
+            f"steps × prompts_per_step × rollouts_per_query = {size:,} rollouts, over this "
+            f"service's limit of {settings.max_job_rollouts:,} (MGRPO_MAX_JOB_ROLLOUTS)",
+        )
     for role in config.flow.role_names:  # the generation budget: every role's context
         context = config.model_of(role).max_context_tokens
         if context > settings.max_context_tokens:
-            _unprocessable(("roles", role, "model", "max_context_tokens"), f"{context:,} tokens, over this service's "
-                           f"limit of {settings.max_context_tokens:,} (MGRPO_MAX_CONTEXT_TOKENS)")  # fmt: skip
+            _unprocessable(
+                ("roles", role, "model", "max_context_tokens"),
+                f"{context:,} tokens, over this service's "
+                f"limit of {settings.max_context_tokens:,} (MGRPO_MAX_CONTEXT_TOKENS)",
+            )
     _check_dataset(store, config)
     record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=config.trainer_roles)
     return job_view(store, record)

@@ -142,21 +142,28 @@ def run_train(
             single = job.mode == "single_agent"
             team = job.engine == "deep_research_team" and not single
             warmstart_with_progress(warmstart_config(job), cache_dir, console, single_agent=single, team=team)
-    with LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
-                      roles=job.trainer_roles) as cluster:  # fmt: skip
+    with LocalCluster(
+        out,
+        redis_url=redis_url,
+        extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
+        roles=job.trainer_roles,
+    ) as cluster:
         final, _, _ = run_job(cluster, job, out, console)
     if ev := final["latest_metrics"].get("eval"):
         before = f"{ev['success_before']:.3f} → " if "success_before" in ev else ""
-        console.print(f"held-out success ({int(ev['queries_after'])} rows of split {job.dataset.eval_split if job.dataset else ''}): "
-                      f"{before}{ev['success_after']:.3f}")  # fmt: skip
+        console.print(
+            f"held-out success ({int(ev['queries_after'])} rows of split {job.dataset.eval_split if job.dataset else ''}): "
+            f"{before}{ev['success_after']:.3f}"
+        )
     console.print(
         f"job {final['job_id']} {final['status']} {final['reason']}; metrics in {out}/metrics.jsonl, checkpoints in {out}/checkpoints"
     )
     return final
 
 
-def run_job(cluster: LocalCluster, job: JobConfig, out: Path, console: Console, *, title: str = "M-GRPO"
-            ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str]]:  # fmt: skip
+def run_job(
+    cluster: LocalCluster, job: JobConfig, out: Path, console: Console, *, title: str = "M-GRPO"
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str]]:
     """Submit `job` to the cluster's controller over REST and follow it to its end; writes
     `out/metrics.jsonl`. Returns the finished job, its per-step rows and each role's last checkpoint."""
     base = cluster.url("controller")
@@ -218,14 +225,27 @@ def _plot(
 ) -> None:
     n = gain.n
     b, a = before[HEADLINE]["success"], after[HEADLINE]["success"]
-    bars = {"warm start": (b, standard_error(b, n)), "after M-GRPO": (a, standard_error(a, n)),
-            "majority": (after[HEADLINE]["majority_baseline"], 0.0)}  # fmt: skip
-    plot_run(rows, ("planner/success", "planner/reward_mean", "subagent/reward_mean"), bars,
-             f"held-out success, stage 2, T=1, n={n}\ngain {gain.gain:+.3f} ± {gain.se:.3f} (paired)", path)  # fmt: skip
+    bars = {
+        "warm start": (b, standard_error(b, n)),
+        "after M-GRPO": (a, standard_error(a, n)),
+        "majority": (after[HEADLINE]["majority_baseline"], 0.0),
+    }
+    plot_run(
+        rows,
+        ("planner/success", "planner/reward_mean", "subagent/reward_mean"),
+        bars,
+        f"held-out success, stage 2, T=1, n={n}\ngain {gain.gain:+.3f} ± {gain.se:.3f} (paired)",
+        path,
+    )
 
 
-def plot_run(rows: list[dict[str, Any]], curves: tuple[str, ...], bars: dict[str, tuple[float, float]], bar_title: str,
-             path: Path) -> None:  # fmt: skip
+def plot_run(
+    rows: list[dict[str, Any]],
+    curves: tuple[str, ...],
+    bars: dict[str, tuple[float, float]],
+    bar_title: str,
+    path: Path,
+) -> None:
     """A demo's picture: training curves per step (left) and held-out bars with standard errors (right)."""
     import matplotlib
 
@@ -270,10 +290,17 @@ def _summary(
         title=f"held-out stage-2 questions (n = {n}, people never trained on), T = 1",
     )
     b, a = before[HEADLINE], after[HEADLINE]
-    table.add_row("success", f"{b['success']:.3f} ± {standard_error(b['success'], n):.3f}",
-                  f"{a['success']:.3f} ± {standard_error(a['success'], n):.3f}")  # fmt: skip
-    for metric in ("majority_baseline", "planner_first_delegation_gold", "subagent_first_search_right_entity",
-                   "subagent_fact_found"):  # fmt: skip
+    table.add_row(
+        "success",
+        f"{b['success']:.3f} ± {standard_error(b['success'], n):.3f}",
+        f"{a['success']:.3f} ± {standard_error(a['success'], n):.3f}",
+    )
+    for metric in (
+        "majority_baseline",
+        "planner_first_delegation_gold",
+        "subagent_first_search_right_entity",
+        "subagent_fact_found",
+    ):
         table.add_row(metric, f"{b[metric]:.3f}", f"{a[metric]:.3f}")
     console.print(table)
     unpaired = gain.gain / gain.se_unpaired if gain.se_unpaired else 0.0

@@ -31,8 +31,15 @@ from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstartConfig, evaluat
 from services.demo import marsrl_warmstart_with_progress, plot_run, run_job
 from services.launcher import LocalCluster
 
-ROWS = ("solver_accuracy", "system_accuracy", "verifier_precision", "verifier_recall", "verifier_accuracy",
-        "always_correct_verifier_accuracy", "iterations_mean")  # fmt: skip
+ROWS = (
+    "solver_accuracy",
+    "system_accuracy",
+    "verifier_precision",
+    "verifier_recall",
+    "verifier_accuracy",
+    "always_correct_verifier_accuracy",
+    "iterations_mean",
+)
 
 
 def marsrl_job(steps: int, lr: float, *, shared: bool, warmstart_steps: int | None = None) -> JobConfig:
@@ -43,8 +50,14 @@ def marsrl_job(steps: int, lr: float, *, shared: bool, warmstart_steps: int | No
             "verifier": {"share_model_with": "solver"},
             "corrector": {"share_model_with": "solver"},
         }
-    return JobConfig(workflow="marsrl", steps=steps, prompts_per_step=8, rollouts_per_query=8, roles=roles,
-                     warmstart_steps=warmstart_steps)  # fmt: skip
+    return JobConfig(
+        workflow="marsrl",
+        steps=steps,
+        prompts_per_step=8,
+        rollouts_per_query=8,
+        roles=roles,
+        warmstart_steps=warmstart_steps,
+    )
 
 
 def majority_baseline(cfg: MarsWarmstartConfig, n: int) -> float:
@@ -55,22 +68,40 @@ def majority_baseline(cfg: MarsWarmstartConfig, n: int) -> float:
     return sum(p.answer == guess for p in held) / len(held)
 
 
-def run_marsrl_demo(out: Path, *, steps: int, redis_url: str | None, cache_dir: Path, lr: float,
-                    eval_problems: int, shared: bool, console: Console, warmstart_steps: int | None = None) -> dict[str, Any]:  # fmt: skip
+def run_marsrl_demo(
+    out: Path,
+    *,
+    steps: int,
+    redis_url: str | None,
+    cache_dir: Path,
+    lr: float,
+    eval_problems: int,
+    shared: bool,
+    console: Console,
+    warmstart_steps: int | None = None,
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     job = marsrl_job(steps, lr, shared=shared, warmstart_steps=warmstart_steps)
     ws = marsrl_warmstart_config(job)
     warm = marsrl_warmstart_with_progress(ws, cache_dir, console)
-    cluster = LocalCluster(out, redis_url=redis_url, roles=job.trainer_roles,
-                           extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())})  # fmt: skip
-    console.print(f"[dim]starting Redis {redis_url or '(embedded)'}, the controller and the {', '.join(job.trainer_roles)} "
-                  f"trainer service(s); logs in {out}/logs[/]")  # fmt: skip
+    cluster = LocalCluster(
+        out,
+        redis_url=redis_url,
+        roles=job.trainer_roles,
+        extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
+    )
+    console.print(
+        f"[dim]starting Redis {redis_url or '(embedded)'}, the controller and the {', '.join(job.trainer_roles)} "
+        f"trainer service(s); logs in {out}/logs[/]"
+    )
     with cluster:
         final, rows, latest = run_job(cluster, job, out, console, title="MarsRL")
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
     job_id = final["job_id"]
-    console.print(f"[dim]evaluating the warm start and the trained models with the V–C loop on the same {eval_problems} held-out problems …[/]")  # fmt: skip
+    console.print(
+        f"[dim]evaluating the warm start and the trained models with the V–C loop on the same {eval_problems} held-out problems …[/]"
+    )
     problems = make_problems("heldout", eval_problems, seed=1000 + ws.seed, n_ops=ws.n_ops)
     outcomes: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     if shared:
@@ -87,10 +118,20 @@ def run_marsrl_demo(out: Path, *, steps: int, redis_url: str | None, cache_dir: 
         after = evaluate_system(problems, {r: load(latest[r]) for r in ROLES}, outcomes=outcomes["after"])
     majority = majority_baseline(ws, eval_problems)
     gains = {name: paired_gain(outcomes["before"][name], outcomes["after"][name]) for name in ACCURACIES}
-    result = {"job_id": job_id, "problems": eval_problems, "shared": shared, "before": before, "after": after,
-              "gains": {name: {"gain": g.gain, "paired_se": g.se, "unpaired_se": g.se_unpaired}
-                        for name, g in gains.items()},
-              "outcomes": outcomes, "majority_baseline": majority, "checkpoints": latest}  # fmt: skip
+    result = {
+        "job_id": job_id,
+        "problems": eval_problems,
+        "shared": shared,
+        "before": before,
+        "after": after,
+        "gains": {
+            name: {"gain": g.gain, "paired_se": g.se, "unpaired_se": g.se_unpaired}
+            for name, g in gains.items()
+        },
+        "outcomes": outcomes,
+        "majority_baseline": majority,
+        "checkpoints": latest,
+    }
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     _plot(rows, before, after, majority, eval_problems, out / "rewards.png")
     summary(before, after, gains, majority, eval_problems, console)
@@ -100,8 +141,14 @@ def run_marsrl_demo(out: Path, *, steps: int, redis_url: str | None, cache_dir: 
     return result
 
 
-def summary(before: dict[str, float], after: dict[str, float], gains: dict[str, PairedGain], majority: float,
-            n: int, console: Console) -> None:  # fmt: skip
+def summary(
+    before: dict[str, float],
+    after: dict[str, float],
+    gains: dict[str, PairedGain],
+    majority: float,
+    n: int,
+    console: Console,
+) -> None:
     table = Table(
         "metric", "warm start", "after MarsRL", title=f"held-out problems (n = {n}), T = 1, seeded, V–C loop"
     )
@@ -123,11 +170,24 @@ def summary(before: dict[str, float], after: dict[str, float], gains: dict[str, 
         )
 
 
-def _plot(rows: list[dict[str, Any]], before: dict[str, float], after: dict[str, float], majority: float, n: int,
-          path: Path) -> None:  # fmt: skip
-    bars = {f"{name}\n{when}": (m[key], m[key + "_se"])
-            for name, key in (("solver", "solver_accuracy"), ("V–C", "system_accuracy"))
-            for when, m in (("warm", before), ("after", after))}  # fmt: skip
+def _plot(
+    rows: list[dict[str, Any]],
+    before: dict[str, float],
+    after: dict[str, float],
+    majority: float,
+    n: int,
+    path: Path,
+) -> None:
+    bars = {
+        f"{name}\n{when}": (m[key], m[key + "_se"])
+        for name, key in (("solver", "solver_accuracy"), ("V–C", "system_accuracy"))
+        for when, m in (("warm", before), ("after", after))
+    }
     bars["majority"] = (majority, 0.0)
-    plot_run(rows, ("solver/reward_mean", "verifier/reward_mean", "corrector/reward_mean"), bars,
-             f"held-out accuracy, T=1, n={n}", path)  # fmt: skip
+    plot_run(
+        rows,
+        ("solver/reward_mean", "verifier/reward_mean", "corrector/reward_mean"),
+        bars,
+        f"held-out accuracy, T=1, n={n}",
+        path,
+    )

@@ -57,8 +57,14 @@ class SGLangSampling(BaseModel):
         if self.top_k != -1:
             raise HTTPException(422, f"top_k {self.top_k} is not supported here: send -1 (off)")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                              stop_token_ids=tuple(self.stop_token_ids or ()), stop=stop, seed=self.sampling_seed)  # fmt: skip
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            stop=stop,
+            seed=self.sampling_seed,
+        )
 
 
 class GenerateRequest(BaseModel):
@@ -148,9 +154,15 @@ class EngineServer:
     def init_group(self, req: GroupInit) -> dict[str, Any]:
         self.note("init_group", req.model_dump())
         try:
-            self.groups[req.group_name] = open_weight_group(req.backend, req.master_address, req.master_port,
-                                                            req.world_size, req.rank_offset, req.group_name,
-                                                            timeout_s=60)  # fmt: skip
+            self.groups[req.group_name] = open_weight_group(
+                req.backend,
+                req.master_address,
+                req.master_port,
+                req.world_size,
+                req.rank_offset,
+                req.group_name,
+                timeout_s=60,
+            )
         except (RuntimeError, ValueError) as exc:
             return {
                 "success": False,
@@ -161,8 +173,10 @@ class EngineServer:
     def update_distributed(self, req: DistributedUpdate) -> dict[str, Any]:
         self.note("update_distributed", req.weight_version)
         if req.group_name not in self.groups:
-            return {"success": False,
-                    "message": f"no weight group {req.group_name!r}: call /init_weights_update_group first"}  # fmt: skip
+            return {
+                "success": False,
+                "message": f"no weight group {req.group_name!r}: call /init_weights_update_group first",
+            }
         engine = self.engine
         device = engine.model.device  # where the group's backend moves them (NCCL: the served GPU)
         dtypes = [getattr(torch, d) for d in req.dtypes]
@@ -193,8 +207,11 @@ class EngineServer:
         if req.load_format == "flattened_bucket":  # a policy split in buckets is never served half-way
             self.arrived.update(req.names)
             if not self.arrived >= params.keys():
-                return {"success": True, "message": f"{len(self.arrived)} of {len(params)} tensors of "
-                                                    f"weights version {version}: the rest to come"}  # fmt: skip
+                return {
+                    "success": True,
+                    "message": f"{len(self.arrived)} of {len(params)} tensors of "
+                    f"weights version {version}: the rest to come",
+                }
             self.arrived.clear()
         engine.push_weights(
             self.staging, version
@@ -222,8 +239,12 @@ def make_app(
 
     @app.get("/get_server_info")
     def server_info() -> dict[str, Any]:
-        return {"tp_size": 1, "model_path": model_path, "weight_version": str(engine.weights_version),
-                "max_batch": engine.max_batch}  # fmt: skip
+        return {
+            "tp_size": 1,
+            "model_path": model_path,
+            "weight_version": str(engine.weights_version),
+            "max_batch": engine.max_batch,
+        }
 
     app.post("/generate")(server.generate)
     app.post("/update_weights_from_disk")(server.update_from_disk)

@@ -32,24 +32,37 @@ def check_budget(n_prompt: int, body: GenerateRequest, settings: Settings, max_p
     ]
     for field, n, cap, env in limits:
         if n > cap:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                                f"{field}: {n} tokens, over this service's limit of {cap} ({env})")  # fmt: skip
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"{field}: {n} tokens, over this service's limit of {cap} ({env})",
+            )
     if max_positions is not None and n_prompt + body.max_new_tokens > max_positions:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"prompt ({n_prompt} tokens) + max_new_tokens ({body.max_new_tokens}) exceed the "
-                            f"model's context of {max_positions} tokens; shorten one")  # fmt: skip
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"prompt ({n_prompt} tokens) + max_new_tokens ({body.max_new_tokens}) exceed the "
+            f"model's context of {max_positions} tokens; shorten one",
+        )
 
 
 def generate_with(
-    engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, body: GenerateRequest, version: int,
-    settings: Settings, max_positions: int | None,
-) -> GenerateResponse:  # fmt: skip
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    body: GenerateRequest,
+    version: int,
+    settings: Settings,
+    max_positions: int | None,
+) -> GenerateResponse:
     ids = list(tokenizer.encode(body.prompt, add_special_tokens=False))
     check_budget(len(ids), body, settings, max_positions)
     params = SamplingParams(body.max_new_tokens, body.temperature, body.top_p, seed=body.seed)
     (s,) = engine.generate([ids], params)
-    return GenerateResponse(text=s.text, token_ids=s.token_ids, logprobs=s.logprobs, finish_reason=s.finish_reason,
-                            policy_version=version)  # fmt: skip
+    return GenerateResponse(
+        text=s.text,
+        token_ids=s.token_ids,
+        logprobs=s.logprobs,
+        finish_reason=s.finish_reason,
+        policy_version=version,
+    )
 
 
 class _RoleModel(Protocol):
@@ -99,8 +112,13 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
 def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) -> None:
     """The OpenAI-compatible chat completions of a trainer service, on its running job."""
 
-    def chat(request: Request, session: str | None, body: ChatCompletionRequest, settings: Settings,
-             token: str | None) -> dict[str, Any]:  # fmt: skip
+    def chat(
+        request: Request,
+        session: str | None,
+        body: ChatCompletionRequest,
+        settings: Settings,
+        token: str | None,
+    ) -> dict[str, Any]:
         """A session's call (recorded as an episode) needs its rollout's capability as the bearer token
         (the root hands it to the agent program as its API key); any other call the admin scope."""
         parsed = parse_session(session) if session else None
@@ -112,7 +130,10 @@ def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) 
             step, query_id, rollout = parsed
             job.store.capabilities.check(token, job.job_id, step, query_id, rollout)
         if serve is None:
-            raise HTTPException(status.HTTP_409_CONFLICT, f"the {role} service serves chat completions while it runs an openai_agents job; it runs none")  # fmt: skip
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"the {role} service serves chat completions while it runs an openai_agents job; it runs none",
+            )
         if body.stream:
             raise HTTPException(
                 status.HTTP_400_BAD_REQUEST, "stream: streaming is not served; send stream: false"

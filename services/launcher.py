@@ -156,8 +156,9 @@ class LocalCluster:
                 else []
             ),
         ]
-        self.procs[role] = subprocess.Popen(cmd, env=self.env(role), stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
+        self.procs[role] = subprocess.Popen(
+            cmd, env=self.env(role), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self._started[role] = time.monotonic()
 
     def wait_ready(self, timeout_s: float, roles: tuple[str, ...] | None = None) -> None:

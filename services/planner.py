@@ -46,9 +46,13 @@ class PlannerRuntime:
             )
         self.store.capabilities.issue_secret(job_id)  # signs this job's delegations and sessions
         clients = {r: self._client(r, cfg, job_id) for r in cfg.callee_trainers}
-        common: dict[str, Any] = dict(cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
-                                      device=resolve_device(s.device), sglang_url=s.sglang_url,
-                                      sglang_sync_host=s.sglang_sync_host)  # fmt: skip
+        common: dict[str, Any] = dict(
+            cache_dir=s.cache_dir,
+            checkpoint_dir=s.checkpoint_dir,
+            device=resolve_device(s.device),
+            sglang_url=s.sglang_url,
+            sglang_sync_host=s.sglang_sync_host,
+        )
         custom = get_workflow(cfg.workflow).root_job  # a plugin's own root job class
         if cfg.engine == "openai_agents":  # the agent program reaches every role, this one included
             urls = {ROLE: s.public_url, **{r: s.callee_url(r) or "" for r in cfg.callee_trainers}}
@@ -72,15 +76,24 @@ class PlannerRuntime:
                 f'no URL for the {role} service: set MGRPO_ROLE_URLS=\'{{"{role}": "http://…"}}\''
             )
         caps = self.store.capabilities
-        return SubagentClient(url, self.settings.service_credential, timeout_s=cfg.partner_timeout_s, role=role,
-                              cancelled=lambda: self.store.jobs.cancel_requested(job_id),
-                              sign=lambda b: caps.sign(b["job_id"], b["step"], b["query_id"], b["rollout"]))  # fmt: skip
+        return SubagentClient(
+            url,
+            self.settings.service_credential,
+            timeout_s=cfg.partner_timeout_s,
+            role=role,
+            cancelled=lambda: self.store.jobs.cancel_requested(job_id),
+            sign=lambda b: caps.sign(b["job_id"], b["step"], b["query_id"], b["rollout"]),
+        )
 
 
 lifespan = trainer_lifespan(ROLE, PlannerRuntime, threads=256)
 
-app = FastAPI(title=f"mgrpo {ROLE}", version="0.1.0", lifespan=lifespan,
-              description="The root-role trainer: rollouts that call the other roles, rewards, updates.")  # fmt: skip
+app = FastAPI(
+    title=f"mgrpo {ROLE}",
+    version="0.1.0",
+    lifespan=lifespan,
+    description="The root-role trainer: rollouts that call the other roles, rewards, updates.",
+)
 install_common(app, ROLE)
 JobDep = Annotated[Any, Depends(running_job)]
 
@@ -96,10 +109,17 @@ def rollouts(body: RolloutRequest, job: JobDep) -> RolloutResponse:
 
     out, probe = [], f"probe-{uuid.uuid4().hex[:12]}"  # its delegations: a probe step no trainer reads
     for k in range(body.rollouts):
-        tr, delegations = job.rollout(PROBE_STEP, probe, k, Question("probe", body.question, "", 0, "probe"),
-                                       body.temperature)  # fmt: skip
-        out.append(RolloutView(text=str(job.tokenizer.decode(tr.token_ids)), answer=tr.final, format_ok=tr.format_ok,
-                               delegations=[{"subtask": d.subtask, "result": d.result} for d in delegations]))  # fmt: skip
+        tr, delegations = job.rollout(
+            PROBE_STEP, probe, k, Question("probe", body.question, "", 0, "probe"), body.temperature
+        )
+        out.append(
+            RolloutView(
+                text=str(job.tokenizer.decode(tr.token_ids)),
+                answer=tr.final,
+                format_ok=tr.format_ok,
+                delegations=[{"subtask": d.subtask, "result": d.result} for d in delegations],
+            )
+        )
     return RolloutResponse(rollouts=out, policy_version=job.version)
 
 

@@ -36,9 +36,18 @@ class SubagentRuntime:
             raise ValueError(
                 f"this service trains role {ROLE!r}, which the job's {cfg.workflow} workflow does not give a trainer of its own"
             )
-        job = callee_job(cfg)(self.store, job_id, cfg, ROLE, cache_dir=s.cache_dir, checkpoint_dir=s.checkpoint_dir,
-                              device=resolve_device(s.device), sglang_url=s.sglang_url, sglang_sync_host=s.sglang_sync_host,
-                              consumer_name=s.consumer_name)  # fmt: skip
+        job = callee_job(cfg)(
+            self.store,
+            job_id,
+            cfg,
+            ROLE,
+            cache_dir=s.cache_dir,
+            checkpoint_dir=s.checkpoint_dir,
+            device=resolve_device(s.device),
+            sglang_url=s.sglang_url,
+            sglang_sync_host=s.sglang_sync_host,
+            consumer_name=s.consumer_name,
+        )
         self.job = job
         try:
             job.run()
@@ -50,8 +59,12 @@ class SubagentRuntime:
 
 lifespan = trainer_lifespan(ROLE, SubagentRuntime, threads=512)
 
-app = FastAPI(title=f"mgrpo {ROLE}", version="0.1.0", lifespan=lifespan,
-              description="A callee role: its episodes with the current policy, and its trainer.")  # fmt: skip
+app = FastAPI(
+    title=f"mgrpo {ROLE}",
+    version="0.1.0",
+    lifespan=lifespan,
+    description="A callee role: its episodes with the current policy, and its trainer.",
+)
 install_common(app, ROLE)
 JobDep = Annotated[Any, Depends(running_job)]
 
@@ -66,16 +79,25 @@ def run_episode(body: EpisodeRequest, job: JobDep, request: Request, response: R
     t0 = time.perf_counter()
     queued_ms = (t0 - getattr(request.state, "arrived_s", t0)) * 1e3
     if job.job_id != body.job_id:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"this service is running job {job.job_id}, not "
-                            f"{body.job_id}; retry shortly", headers={"Retry-After": "1"})  # fmt: skip
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"this service is running job {job.job_id}, not {body.job_id}; retry shortly",
+            headers={"Retry-After": "1"},
+        )
     job.store.capabilities.check(body.capability, body.job_id, body.step, body.query_id, body.rollout)
     meta, store_s = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
     total_ms = (time.perf_counter() - t0) * 1e3
     response.headers["Server-Timing"] = (
         f"episode;dur={total_ms:.3f}, store;dur={store_s * 1e3:.3f}, queued;dur={queued_ms:.3f}"
     )
-    return EpisodeResponse(episode_id=meta.episode_id, result=meta.result, format_ok=meta.format_ok,
-                           expert_score=meta.expert_score, policy_version=meta.policy_version, n_tokens=meta.n_tokens)  # fmt: skip
+    return EpisodeResponse(
+        episode_id=meta.episode_id,
+        result=meta.result,
+        format_ok=meta.format_ok,
+        expert_score=meta.expert_score,
+        policy_version=meta.policy_version,
+        n_tokens=meta.n_tokens,
+    )
 
 
 def _current(request: Request) -> Any:

@@ -44,8 +44,9 @@ class JobWorker:
     ) -> None:
         """`run_job(job_id, config)` runs the job to its end; True means this role declares success."""
         self.store, self.role, self.run_job = store, role, run_job
-        self.consumer = StreamConsumer(store.client, keys.dispatch(), role, consumer_name, JobDispatch,
-                                       min_idle_ms=DISPATCH_IDLE_MS)  # fmt: skip
+        self.consumer = StreamConsumer(
+            store.client, keys.dispatch(), role, consumer_name, JobDispatch, min_idle_ms=DISPATCH_IDLE_MS
+        )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"{role}-worker", daemon=True)
         self.current: str | None = None
@@ -90,8 +91,12 @@ class JobWorker:
             if self.run_job(job_id, JobConfig.model_validate(record.config)):
                 jobs.transition(job_id, "succeeded")
         except RankLost:
-            log.critical("job %s: the %s trainer lost a rank; exiting so that its group restarts and resumes it",
-                         job_id, self.role, exc_info=True)  # fmt: skip
+            log.critical(
+                "job %s: the %s trainer lost a rank; exiting so that its group restarts and resumes it",
+                job_id,
+                self.role,
+                exc_info=True,
+            )
             logging.shutdown()
             os._exit(EXIT_RANK_LOST)
         except JobCancelled:

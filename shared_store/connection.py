@@ -97,8 +97,13 @@ def ping_now(client: redis.Redis, timeout_s: float = 1.0) -> None:
     """PING on a fresh connection with no retries (readiness probes): returns, or raises
     `StoreUnavailableError` within about `timeout_s`, however long the client's own retries last."""
     pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, "socket_connect_timeout": timeout_s, "socket_timeout": timeout_s,
-              "retry": Retry(NoBackoff(), 0), "retry_on_error": []}  # fmt: skip
+    kwargs = {
+        **pool.connection_kwargs,
+        "socket_connect_timeout": timeout_s,
+        "socket_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_error": [],
+    }
     conn = pool.connection_class(**kwargs)
     try:
         conn.connect()

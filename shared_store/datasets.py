@@ -27,13 +27,20 @@ class DatasetNotFoundError(KeyError):
 class DatasetRegistry:
     client: redis.Redis
 
-    def put(self, dataset_id: str, canonical_jsonl: bytes, *, name: str, rows: int,
-            splits: dict[str, int]) -> tuple[DatasetInfo, bool]:  # fmt: skip
+    def put(
+        self, dataset_id: str, canonical_jsonl: bytes, *, name: str, rows: int, splits: dict[str, int]
+    ) -> tuple[DatasetInfo, bool]:
         """Store a dataset; returns (its info, whether it was new). An existing id is left as it is."""
         if (existing := self.info(dataset_id)) is not None:
             return existing, False
-        info = DatasetInfo(dataset_id=dataset_id, name=name, rows=rows, splits=splits,
-                           bytes=len(canonical_jsonl), created_at=time.time())  # fmt: skip
+        info = DatasetInfo(
+            dataset_id=dataset_id,
+            name=name,
+            rows=rows,
+            splits=splits,
+            bytes=len(canonical_jsonl),
+            created_at=time.time(),
+        )
         pipe = self.client.pipeline(transaction=True)
         pipe.set(keys.dataset(dataset_id), zlib.compress(canonical_jsonl, 6))
         pipe.hset(keys.datasets_index(), dataset_id, encode(info))

@@ -78,11 +78,24 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = [
-            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.workdir), "--save", "", "--daemonize", "no",
-            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-            "--logfile", str(self.workdir / "redis.log"),
-        ]  # fmt: skip
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            "--logfile",
+            str(self.workdir / "redis.log"),
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

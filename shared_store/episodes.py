@@ -69,14 +69,36 @@ class EpisodeStore:
             raise EpisodeNotFoundError([eid])
         return found[0], False
 
-    def record_call(self, *, job_id: str, step: int, query_id: str, rollout: int, call: int, version: int,
-                    arrays: EpisodeArrays, finish_reason: str, subtask: str, result: str) -> EpisodeMeta:  # fmt: skip
+    def record_call(
+        self,
+        *,
+        job_id: str,
+        step: int,
+        query_id: str,
+        rollout: int,
+        call: int,
+        version: int,
+        arrays: EpisodeArrays,
+        finish_reason: str,
+        subtask: str,
+        result: str,
+    ) -> EpisodeMeta:
         """One served chat completion as an episode of its session (`openai_agents`): written once per
         (step, query, rollout, call); a call cut off at its token budget is not format_ok."""
-        meta = EpisodeMeta(job_id=job_id, step=step, policy_version=version,
-                           episode_id=episode_id(step, query_id, rollout, call), query_id=query_id, rollout=rollout,
-                           call=call, n_tokens=len(arrays), format_ok=finish_reason != "length",
-                           finish_reason=finish_reason, subtask=subtask[:2000], result=result[:2000])  # fmt: skip
+        meta = EpisodeMeta(
+            job_id=job_id,
+            step=step,
+            policy_version=version,
+            episode_id=episode_id(step, query_id, rollout, call),
+            query_id=query_id,
+            rollout=rollout,
+            call=call,
+            n_tokens=len(arrays),
+            format_ok=finish_reason != "length",
+            finish_reason=finish_reason,
+            subtask=subtask[:2000],
+            result=result[:2000],
+        )
         return self.put_once(meta, arrays)[0]
 
     def get_one(self, job_id: str, step: int, episode_id: str) -> tuple[EpisodeMeta, EpisodeArrays] | None:

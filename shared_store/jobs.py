@@ -92,8 +92,17 @@ class JobRegistry:
         jid = keys.check_id("job id", job_id) if job_id else f"job-{uuid.uuid4().hex[:12]}"
         now = time.time()
         config_json = json.dumps(config, sort_keys=True)
-        fields = {"job_id": jid, "status": "queued", "config": config_json, "created_at": now,
-                  "updated_at": now, "reason": "", "cancel_requested": 0, "dispatched": 0, "roles": json.dumps(roles)}  # fmt: skip
+        fields = {
+            "job_id": jid,
+            "status": "queued",
+            "config": config_json,
+            "created_at": now,
+            "updated_at": now,
+            "reason": "",
+            "cancel_requested": 0,
+            "dispatched": 0,
+            "roles": json.dumps(roles),
+        }
         flat = [str(x) for kv in fields.items() for x in kv]
         created = bool(self._create(keys=[keys.job(jid)], args=flat))
         record = self.get(jid)
@@ -126,10 +135,15 @@ class JobRegistry:
             raise JobNotFoundError(job_id)
         h = {as_str(k): as_str(v) for k, v in raw.items()}
         return JobRecord(
-            job_id=h["job_id"], status=h["status"], config=json.loads(h["config"]),
-            created_at=float(h["created_at"]), updated_at=float(h["updated_at"]), reason=h.get("reason", ""),
-            cancel_requested=h.get("cancel_requested") == "1", roles=json.loads(h.get("roles", "[]")),
-        )  # fmt: skip
+            job_id=h["job_id"],
+            status=h["status"],
+            config=json.loads(h["config"]),
+            created_at=float(h["created_at"]),
+            updated_at=float(h["updated_at"]),
+            reason=h.get("reason", ""),
+            cancel_requested=h.get("cancel_requested") == "1",
+            roles=json.loads(h.get("roles", "[]")),
+        )
 
     def list(self, *, offset: int = 0, limit: int = 50) -> tuple[list[JobRecord], int]:
         """Newest first; returns (page, total)."""

@@ -95,8 +95,10 @@ class Progress:
         last = done - keep_steps
         for step in range(first, last + 1):
             self.episodes.delete_step(job_id, step)
-            self.r.delete(*(keys.step_record(job_id, n, step) for n in keys.step_streams(roles)),
-                          keys.root_step(job_id, step))  # fmt: skip
+            self.r.delete(
+                *(keys.step_record(job_id, n, step) for n in keys.step_streams(roles)),
+                keys.root_step(job_id, step),
+            )
         if last >= first:
             for name in keys.step_streams(roles):  # consumed by every role: the entries are history now
                 trim_through_step(self.r, keys.stream(job_id, name), last)

@@ -38,9 +38,15 @@ class RootSteps:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
 
-    def publish(self, job_id: str, step: int, messages: Sequence[tuple[keys.StreamName, StepMessage]],
-                samples: Sequence[tuple[RootSampleMeta, EpisodeArrays]], values: dict[str, float],
-                produced: dict[str, int]) -> None:  # fmt: skip
+    def publish(
+        self,
+        job_id: str,
+        step: int,
+        messages: Sequence[tuple[keys.StreamName, StepMessage]],
+        samples: Sequence[tuple[RootSampleMeta, EpisodeArrays]],
+        values: dict[str, float],
+        produced: dict[str, int],
+    ) -> None:
         """The step's messages and the root's own step, in one MULTI: all or nothing."""
         key = keys.root_step(job_id, step)
         mapping: dict[str, bytes] = {
@@ -63,6 +69,8 @@ class RootSteps:
             return None
         values = json.loads(raw.pop(b"values"))
         produced = json.loads(raw.pop(b"produced"))
-        samples = [unseal(RootSampleMeta, raw[f], f"root sample {f.decode()} of step {step}")
-                   for f in sorted(raw, key=int)]  # fmt: skip
+        samples = [
+            unseal(RootSampleMeta, raw[f], f"root sample {f.decode()} of step {step}")
+            for f in sorted(raw, key=int)
+        ]
         return RootStep(samples, values, produced)

@@ -47,8 +47,14 @@ class Store:
         version (and checkpoint record), its progress, and garbage collection of the steps every one
         of the job's `roles` finished."""
         if ledger:
-            self.ledger.mark(LedgerEntry(job_id=version.job_id, role=version.role, step=version.step,
-                                         policy_version=version.version))  # fmt: skip
+            self.ledger.mark(
+                LedgerEntry(
+                    job_id=version.job_id,
+                    role=version.role,
+                    step=version.step,
+                    policy_version=version.version,
+                )
+            )
         self.policies.publish(version)
         self.progress.advance(version.job_id, version.role, version.step)
         self.progress.collect(version.job_id, keep_steps=1, roles=roles)

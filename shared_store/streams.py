@@ -216,8 +216,15 @@ def consume_once(
         msg = d.message
         if not ledger.is_applied(msg.job_id, role, msg.step):
             version = handler(msg)
-            ledger.mark(LedgerEntry(job_id=msg.job_id, role=role, step=msg.step, policy_version=version,
-                                    consumer=consumer.consumer))  # fmt: skip
+            ledger.mark(
+                LedgerEntry(
+                    job_id=msg.job_id,
+                    role=role,
+                    step=msg.step,
+                    policy_version=version,
+                    consumer=consumer.consumer,
+                )
+            )
             ran += 1
         consumer.ack(d.entry_id)
     return ran

@@ -63,14 +63,33 @@ from shared_store.streams import StreamConsumer, consume_once, publish_metrics
 class CalleeJob:
     intake: ClassVar[type[StepMessage]]
 
-    def __init__(self, store: Store, job_id: str, cfg: JobConfig, role: str, *, cache_dir: Path, checkpoint_dir: Path,
-                 device: torch.device | str = "cpu", sglang_url: str = "", sglang_sync_host: str = "",
-                 consumer_name: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        cfg: JobConfig,
+        role: str,
+        *,
+        cache_dir: Path,
+        checkpoint_dir: Path,
+        device: torch.device | str = "cpu",
+        sglang_url: str = "",
+        sglang_sync_host: str = "",
+        consumer_name: str = "",
+    ) -> None:
         self.store, self.job_id, self.cfg, self.role = store, job_id, cfg, role
         self.consumer_name = consumer_name or f"{role}-trainer"
-        self.m = RoleModel(cfg, role, cache_dir=cache_dir, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                           last_step=store.ledger.last_step(job_id, role), device=device, sglang_url=sglang_url,
-                           sglang_sync_host=sglang_sync_host)  # fmt: skip
+        self.m = RoleModel(
+            cfg,
+            role,
+            cache_dir=cache_dir,
+            checkpoint_dir=checkpoint_dir,
+            job_id=job_id,
+            last_step=store.ledger.last_step(job_id, role),
+            device=device,
+            sglang_url=sglang_url,
+            sglang_sync_host=sglang_sync_host,
+        )
         self.trains = cfg.mode == "co_train"
         self.last_request_s = time.monotonic()  # when an episode was last asked for
         store.policies.publish(
@@ -112,10 +131,20 @@ class CalleeJob:
         tr, expert, result = self.episode(subtask)
         version = self.m.engine.weights_version if tr.policy_version is None else tr.policy_version
         meta = EpisodeMeta(
-            job_id=self.job_id, step=step, policy_version=version, episode_id=episode_id(step, query_id, rollout, call),
-            query_id=query_id, rollout=rollout, call=call, n_tokens=len(tr), format_ok=tr.format_ok,
-            expert_score=None if math.isnan(expert) else expert, finish_reason=tr.finish, subtask=subtask, result=result,
-        )  # fmt: skip
+            job_id=self.job_id,
+            step=step,
+            policy_version=version,
+            episode_id=episode_id(step, query_id, rollout, call),
+            query_id=query_id,
+            rollout=rollout,
+            call=call,
+            n_tokens=len(tr),
+            format_ok=tr.format_ok,
+            expert_score=None if math.isnan(expert) else expert,
+            finish_reason=tr.finish,
+            subtask=subtask,
+            result=result,
+        )
         t1 = time.perf_counter()
         meta, _ = self.store.episodes.put_once(meta, EpisodeArrays.of(tr.token_ids, tr.logp, tr.mask))
         return meta, lookup_s + time.perf_counter() - t1
@@ -123,16 +152,28 @@ class CalleeJob:
     def fetch(self, step: int, ids: list[str]) -> dict[str, Episode]:
         unique = list(dict.fromkeys(ids))
         got = self.store.episodes.get_many(self.job_id, step, unique)
-        return {eid: Episode(Transcript(arr.token_ids.tolist(), arr.logp.tolist(), arr.loss_mask.tolist(), 0),
-                             meta.format_ok, math.nan if meta.expert_score is None else meta.expert_score,
-                             meta.policy_version) for eid, (meta, arr) in zip(unique, got, strict=True)}  # fmt: skip
+        return {
+            eid: Episode(
+                Transcript(arr.token_ids.tolist(), arr.logp.tolist(), arr.loss_mask.tolist(), 0),
+                meta.format_ok,
+                math.nan if meta.expert_score is None else meta.expert_score,
+                meta.policy_version,
+            )
+            for eid, (meta, arr) in zip(unique, got, strict=True)
+        }
 
     # ---- training -----------------------------------------------------------------------------------
     def run(self) -> None:
         """Train every step of the job as its intake messages arrive, until the last step is in the
         ledger; returns early when the job ended elsewhere, raises JobCancelled on a cancel."""
-        consumer = StreamConsumer(self.store.client, keys.stream(self.job_id, self.intake_stream()), self.role,
-                                  self.consumer_name, self.intake, min_idle_ms=30_000)  # fmt: skip
+        consumer = StreamConsumer(
+            self.store.client,
+            keys.stream(self.job_id, self.intake_stream()),
+            self.role,
+            self.consumer_name,
+            self.intake,
+            min_idle_ms=30_000,
+        )
         last = self.cfg.steps - 1
         while not self.store.ledger.is_applied(self.job_id, self.role, last):
             record = self.store.jobs.get(self.job_id)
@@ -171,22 +212,41 @@ class CalleeJob:
             handed = self.handed(msg)
             used = {s.episode_id for s in samples}
             dropped = {s.episode_id for s in samples if self.m.drops(s)}
-            self.store.accounts.record(self.job_id, r, msg.step, trained=len(used - dropped), dropped=len(dropped),
-                                       unaligned=len(handed - used))  # fmt: skip
+            self.store.accounts.record(
+                self.job_id,
+                r,
+                msg.step,
+                trained=len(used - dropped),
+                dropped=len(dropped),
+                unaligned=len(handed - used),
+            )
         with timer("update"):
             metrics = self.m.update(samples, seed=msg.step) if self.trains else {}
         with timer("checkpoint"):
             ckpt = self.m.save(msg.step, push=bool(metrics))
         with timer("exchange_redis"):
-            self.store.commit_step(PolicyVersion(job_id=self.job_id, role=r, version=self.version, step=msg.step,
-                                                 checkpoint=self.m.shown(ckpt.path)), roles=self.cfg.trainer_roles, ledger=False)  # fmt: skip
+            self.store.commit_step(
+                PolicyVersion(
+                    job_id=self.job_id,
+                    role=r,
+                    version=self.version,
+                    step=msg.step,
+                    checkpoint=self.m.shown(ckpt.path),
+                ),
+                roles=self.cfg.trainer_roles,
+                ledger=False,
+            )
         rewards = np.array([s.reward for s in samples if not math.isnan(s.reward)] or [0.0])
         values = {
-            **{f"{r}/{k}": v for k, v in metrics.items()}, **{f"{r}/{k}": v for k, v in extra.items()},
-            f"{r}/reward_mean": float(rewards.mean()), f"{r}/reward_std": float(rewards.std()),
-            f"{r}/adv_std": float(adv.std()) if len(adv) > 1 else 0.0, f"{r}/samples": float(len(samples)),
-            f"{r}/version": float(self.version), **timer.values(),
-        }  # fmt: skip
+            **{f"{r}/{k}": v for k, v in metrics.items()},
+            **{f"{r}/{k}": v for k, v in extra.items()},
+            f"{r}/reward_mean": float(rewards.mean()),
+            f"{r}/reward_std": float(rewards.std()),
+            f"{r}/adv_std": float(adv.std()) if len(adv) > 1 else 0.0,
+            f"{r}/samples": float(len(samples)),
+            f"{r}/version": float(self.version),
+            **timer.values(),
+        }
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=msg.step, role=r, values=values)
         )
@@ -210,14 +270,30 @@ class SubagentJob(CalleeJob):
         self.drift, self.drift_lock = [0, 0], threading.Lock()  # chat episodes: served, re-tokenising drifts
         self.agent: SubAgent | ChatAgent
         if is_chat_model(self.tokenizer):  # a chat model's folder: its template and tool-call format
-            fmt = ChatFormat(self.tokenizer, tool_schemas([(t.name, t.kind) for t in cfg.tools_of(role)]),
-                             parser=spec.tool_parser, keep_thinking=spec.keep_thinking, terminal="result")  # fmt: skip
-            self.agent = ChatAgent(self.engine, fmt, lambda name, args: self.tools(name, first_string(args)),
-                                   temperature=spec.temperature, max_turns=4, max_context_tokens=spec.max_context_tokens,
-                                   max_new_tokens_per_turn=spec.max_new_tokens_per_turn)  # fmt: skip
+            fmt = ChatFormat(
+                self.tokenizer,
+                tool_schemas([(t.name, t.kind) for t in cfg.tools_of(role)]),
+                parser=spec.tool_parser,
+                keep_thinking=spec.keep_thinking,
+                terminal="result",
+            )
+            self.agent = ChatAgent(
+                self.engine,
+                fmt,
+                lambda name, args: self.tools(name, first_string(args)),
+                temperature=spec.temperature,
+                max_turns=4,
+                max_context_tokens=spec.max_context_tokens,
+                max_new_tokens_per_turn=spec.max_new_tokens_per_turn,
+            )
         else:
-            self.agent = SubAgent(self.engine, self.tokenizer, self.tools, temperature=spec.temperature,
-                                  limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn))  # fmt: skip
+            self.agent = SubAgent(
+                self.engine,
+                self.tokenizer,
+                self.tools,
+                temperature=spec.temperature,
+                limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn),
+            )
 
     def intake_stream(self) -> str:
         return "planner_stats"
@@ -240,8 +316,12 @@ class SubagentJob(CalleeJob):
         empty = 0
         for q in msg.queries:
             seed = alignment_seed(self.cfg.seed, msg.step, f"{q.query_id}@run{self.cfg.run_seed}")
-            slots = align_query([r.episodes.get(self.role, []) for r in q.rollouts], self.cfg.subagent_slots_per_rollout,
-                                seed=seed, mode=self.cfg.alignment)  # fmt: skip
+            slots = align_query(
+                [r.episodes.get(self.role, []) for r in q.rollouts],
+                self.cfg.subagent_slots_per_rollout,
+                seed=seed,
+                mode=self.cfg.alignment,
+            )
             if not slots:
                 empty += 1
                 continue
@@ -268,8 +348,12 @@ class RoleJob(CalleeJob):
     def __init__(self, store: Store, job_id: str, cfg: JobConfig, role: str, **kw: Any) -> None:
         super().__init__(store, job_id, cfg, role, **kw)
         spec = self.m.spec
-        self.agent = TurnAgent(self.engine, self.tokenizer, temperature=spec.temperature,
-                               max_new_tokens=spec.max_new_tokens_per_turn)  # fmt: skip
+        self.agent = TurnAgent(
+            self.engine,
+            self.tokenizer,
+            temperature=spec.temperature,
+            max_new_tokens=spec.max_new_tokens_per_turn,
+        )
 
     def intake_stream(self) -> str:
         return keys.batch_stream(self.role)
@@ -287,9 +371,18 @@ class RoleJob(CalleeJob):
         ids = [e.episode_id for g in msg.groups for e in g.episodes]
         with timer("exchange_redis"):
             fetched = self.fetch(msg.step, ids)
-        samples = [Sample(self.role, g.group, fetched[e.episode_id].transcript, e.reward,
-                          policy_version=fetched[e.episode_id].policy_version, episode_id=e.episode_id)
-                   for g in msg.groups for e in g.episodes]  # fmt: skip
+        samples = [
+            Sample(
+                self.role,
+                g.group,
+                fetched[e.episode_id].transcript,
+                e.reward,
+                policy_version=fetched[e.episode_id].policy_version,
+                episode_id=e.episode_id,
+            )
+            for g in msg.groups
+            for e in g.episodes
+        ]
         return samples, {"groups": float(len(msg.groups))}
 
 

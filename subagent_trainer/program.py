@@ -43,10 +43,18 @@ class ProgramCalleeJob(CalleeJob):
         )
 
     def record(self, step: int, query_id: str, rollout: int, n: int, call: ChatCall) -> None:
-        self.store.episodes.record_call(job_id=self.job_id, step=step, query_id=program_query(query_id, self.role),
-                                        rollout=rollout, call=n, version=call.weights_version,
-                                        arrays=EpisodeArrays.of(call.token_ids, call.logp, call.mask),
-                                        finish_reason=call.finish_reason, subtask=call.last_user, result=call.content)  # fmt: skip
+        self.store.episodes.record_call(
+            job_id=self.job_id,
+            step=step,
+            query_id=program_query(query_id, self.role),
+            rollout=rollout,
+            call=n,
+            version=call.weights_version,
+            arrays=EpisodeArrays.of(call.token_ids, call.logp, call.mask),
+            finish_reason=call.finish_reason,
+            subtask=call.last_user,
+            result=call.content,
+        )
 
     def handed(self, msg: PlannerStepStats) -> set[str]:
         return {e for q in msg.queries for r in q.rollouts for e in r.episodes.get(self.role, [])}
@@ -55,8 +63,12 @@ class ProgramCalleeJob(CalleeJob):
         samples, called = [], 0
         for q in msg.queries:
             seed = alignment_seed(self.cfg.seed, msg.step, f"{q.query_id}@run{self.cfg.run_seed}")
-            slots = align_query([r.episodes.get(self.role, []) for r in q.rollouts], self.cfg.subagent_slots_per_rollout,
-                                seed=seed, mode=self.cfg.alignment)  # fmt: skip
+            slots = align_query(
+                [r.episodes.get(self.role, []) for r in q.rollouts],
+                self.cfg.subagent_slots_per_rollout,
+                seed=seed,
+                mode=self.cfg.alignment,
+            )
             if not slots:
                 continue
             called += 1

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from openai import OpenAI
 
-SEARCH_TOOL = {"type": "function", "function": {
-    "name": "search", "description": "Search the notes; returns matching lines.",
-    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}  # fmt: skip
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the notes; returns matching lines.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
 NOTES = ["Kir Naibram was born in Lotham in 1971.", "Lotham is a city in Vouzuia."]
 
 
@@ -31,22 +36,33 @@ def say(client: OpenAI, role: str, messages: list, **kw: object) -> object:
 
 
 def run(query: str, base_urls: dict[str, str], api_key: str) -> str:
-    planner, searcher, comparer = (OpenAI(base_url=base_urls[r], api_key=api_key or "none", max_retries=1, timeout=120)
-                                   for r in ("planner", "searcher", "comparer"))  # fmt: skip
-    history = [{"role": "system", "content": "Write the one lookup that answers the question."},
-               {"role": "user", "content": query}]  # fmt: skip
+    planner, searcher, comparer = (
+        OpenAI(base_url=base_urls[r], api_key=api_key or "none", max_retries=1, timeout=120)
+        for r in ("planner", "searcher", "comparer")
+    )
+    history = [
+        {"role": "system", "content": "Write the one lookup that answers the question."},
+        {"role": "user", "content": query},
+    ]
     lookup = say(planner, "planner", history).content or query
     found_msgs = [{"role": "user", "content": lookup}]
     found = say(searcher, "searcher", found_msgs, tools=[SEARCH_TOOL])
     for call in (found.tool_calls or [])[:2]:  # run its tool calls, then let it answer
-        found_msgs += [found.model_dump(exclude_none=True),
-                       {"role": "tool", "tool_call_id": call.id, "content": search(call.function.arguments)}]  # fmt: skip
+        found_msgs += [
+            found.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": search(call.function.arguments)},
+        ]
         found = say(searcher, "searcher", found_msgs, tools=[SEARCH_TOOL])
     check = say(
         comparer,
         "comparer",
         [{"role": "user", "content": f"Question: {query}\nFinding: {found.content}\nDoes it answer it?"}],
     )
-    history += [{"role": "assistant", "content": lookup},
-                {"role": "user", "content": f"Finding: {found.content}\nCheck: {check.content}\nThe final answer, in a few words:"}]  # fmt: skip
+    history += [
+        {"role": "assistant", "content": lookup},
+        {
+            "role": "user",
+            "content": f"Finding: {found.content}\nCheck: {check.content}\nThe final answer, in a few words:",
+        },
+    ]
     return say(planner, "planner", history).content or ""

@@ -83,8 +83,11 @@ class PlannerAgent:
     ) -> None:
         self.engine, self.tokenizer, self.delegate = engine, tokenizer, delegate
         self.limits = limits or AgentLimits()
-        self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
-                                     stop_token_ids=_stop_ids(tokenizer, PLANNER_STOPS))  # fmt: skip
+        self.params = SamplingParams(
+            self.limits.max_new_tokens_per_turn,
+            temperature,
+            stop_token_ids=_stop_ids(tokenizer, PLANNER_STOPS),
+        )
 
     def rollout(self, question: str, *, seed: int | None = None) -> PlannerRollout:
         delegations: list[Delegation] = []
@@ -94,9 +97,15 @@ class PlannerAgent:
             delegations.append(d)
             return observation_ids(self.tokenizer, OBSERVATION_TAGS["planner"], d.result)
 
-        tr = run_agent(self.engine, planner_prompt(self.tokenizer, question), parse=parse_planner_turn, act=act,
-                       params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
-                       max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
+        tr = run_agent(
+            self.engine,
+            planner_prompt(self.tokenizer, question),
+            parse=parse_planner_turn,
+            act=act,
+            params=_seeded(self.params, seed),
+            max_turns=self.limits.max_turns,
+            max_context_tokens=self.limits.max_context_tokens,
+        )
         return PlannerRollout(tr, delegations)
 
 
@@ -121,8 +130,9 @@ class ToolAgent:
         self.parse = parse_single_turn if single else parse_subagent_turn
         self.prompt = planner_prompt if single else subagent_prompt
         stops = SINGLE_STOPS if single else SUBAGENT_STOPS
-        self.params = SamplingParams(self.limits.max_new_tokens_per_turn, temperature,
-                                     stop_token_ids=_stop_ids(tokenizer, stops))  # fmt: skip
+        self.params = SamplingParams(
+            self.limits.max_new_tokens_per_turn, temperature, stop_token_ids=_stop_ids(tokenizer, stops)
+        )
 
     def run(self, text: str, *, seed: int | None = None) -> Transcript:
         """One episode on a subtask (sub-agent) or a question (single agent)."""
@@ -132,9 +142,15 @@ class ToolAgent:
                 self.tokenizer, OBSERVATION_TAGS[self.role], self.call_tool(*action.tool())
             )
 
-        return run_agent(self.engine, self.prompt(self.tokenizer, text), parse=self.parse, act=act,
-                         params=_seeded(self.params, seed), max_turns=self.limits.max_turns,
-                         max_context_tokens=self.limits.max_context_tokens)  # fmt: skip
+        return run_agent(
+            self.engine,
+            self.prompt(self.tokenizer, text),
+            parse=self.parse,
+            act=act,
+            params=_seeded(self.params, seed),
+            max_turns=self.limits.max_turns,
+            max_context_tokens=self.limits.max_context_tokens,
+        )
 
 
 class SubAgent(ToolAgent):
@@ -176,8 +192,14 @@ class TurnAgent:
     """One turn: a prompt text in, one `<think>…</think><answer>…</answer>` turn out (the MarsRL roles).
     The transcript holds the prompt (mask 0) and the sampled turn (mask 1, its log-probs)."""
 
-    def __init__(self, engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, *, temperature: float = 1.0,
-                 max_new_tokens: int = 48) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        temperature: float = 1.0,
+        max_new_tokens: int = 48,
+    ) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.params = SamplingParams(
             max_new_tokens, temperature, stop_token_ids=_stop_ids(tokenizer, ("</answer>",))

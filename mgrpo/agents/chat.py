@@ -71,15 +71,28 @@ def is_chat_model(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 def tool_schema(name: str, description: str, param: str = "argument") -> dict[str, Any]:
     """An OpenAI-style function schema with one string parameter (what every mgrpo tool takes)."""
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": {param: {"type": "string"}}, "required": [param]}}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]},
+        },
+    }
 
 
 class ChatFormat:
     """One chat template's environment side: prompt ids, inserted tool-result ids, turn parsing."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], *,
-                 parser: str = "hermes", keep_thinking: bool = False, terminal: str = "answer") -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        tools: list[dict[str, Any]],
+        *,
+        parser: str = "hermes",
+        keep_thinking: bool = False,
+        terminal: str = "answer",
+    ) -> None:
         if not is_chat_model(tokenizer):
             raise ValueError(
                 "the tokenizer has no chat template; give a chat model's folder, or use a preset"
@@ -101,8 +114,11 @@ class ChatFormat:
         self.closing = after[len(eos) :] if after.startswith(eos) else after
 
     def render(self, messages: list[dict[str, Any]], *, generation_prompt: bool = False) -> str:
-        return str(self.tok.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                add_generation_prompt=generation_prompt))  # fmt: skip
+        return str(
+            self.tok.apply_chat_template(
+                messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -143,9 +159,17 @@ class ChatFormat:
 class ChatAgent:
     """A multi-turn tool-calling episode of a chat model: `call(name, arguments) -> result text`."""
 
-    def __init__(self, engine: RolloutEngine, fmt: ChatFormat, call: Callable[[str, dict[str, Any]], str], *,
-                 temperature: float = 1.0, max_turns: int = 4, max_context_tokens: int = 1024,
-                 max_new_tokens_per_turn: int = 128) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        fmt: ChatFormat,
+        call: Callable[[str, dict[str, Any]], str],
+        *,
+        temperature: float = 1.0,
+        max_turns: int = 4,
+        max_context_tokens: int = 1024,
+        max_new_tokens_per_turn: int = 128,
+    ) -> None:
         self.engine, self.fmt, self.call = engine, fmt, call
         self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
         self.params = SamplingParams(max_new_tokens_per_turn, temperature, stop_token_ids=fmt.eos_ids)
@@ -157,8 +181,15 @@ class ChatAgent:
                 [(c["name"], self.call(c["name"], c["arguments"])) for c in calls]
             )
 
-        return run_agent(self.engine, self.fmt.prompt_ids(text), parse=self.fmt.parse, act=act, params=self.params,
-                         max_turns=self.max_turns, max_context_tokens=self.max_context_tokens)  # fmt: skip
+        return run_agent(
+            self.engine,
+            self.fmt.prompt_ids(text),
+            parse=self.fmt.parse,
+            act=act,
+            params=self.params,
+            max_turns=self.max_turns,
+            max_context_tokens=self.max_context_tokens,
+        )
 
 
 _BUILTIN_SCHEMAS = {

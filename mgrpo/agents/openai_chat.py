@@ -79,9 +79,16 @@ def _for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def complete(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
-             tools: list[dict[str, Any]] | None, *, temperature: float, max_tokens: int,
-             parser: str = "hermes") -> ChatCall:  # fmt: skip
+def complete(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    temperature: float,
+    max_tokens: int,
+    parser: str = "hermes",
+) -> ChatCall:
     """One assistant turn of a chat model on OpenAI-style messages."""
     if not is_chat_model(tokenizer):
         raise ValueError("this role's model has no chat template: serve a chat model (roles.<r>.model.path)")
@@ -99,12 +106,27 @@ def complete(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, messages
         content, calls = TOOL_PARSERS[parser](body)
     except FormatError:
         content, calls = body, []  # a malformed call is returned as text, as inference servers do
-    tool_calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]  # fmt: skip
+    tool_calls = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+        }
+        for c in calls
+    ]
     finish = "length" if s.finish_reason != "stop" else "tool_calls" if calls else "stop"
     last_user = next((str(m["content"]) for m in reversed(msgs) if m.get("role") == "user"), "")
-    return ChatCall(prompt + s.token_ids, [0.0] * len(prompt) + s.logprobs, [0] * len(prompt) + [1] * len(s.token_ids),
-                    len(prompt), finish, content, last_user, s.weights_version, tool_calls)  # fmt: skip
+    return ChatCall(
+        prompt + s.token_ids,
+        [0.0] * len(prompt) + s.logprobs,
+        [0] * len(prompt) + [1] * len(s.token_ids),
+        len(prompt),
+        finish,
+        content,
+        last_user,
+        s.weights_version,
+        tool_calls,
+    )
 
 
 def response(call: ChatCall, model: str) -> dict[str, Any]:
@@ -113,10 +135,18 @@ def response(call: ChatCall, model: str) -> dict[str, Any]:
     if call.tool_calls:
         message["tool_calls"] = call.tool_calls
     completion = len(call.token_ids) - call.prompt_len
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": call.finish_reason}],
-            "usage": {"prompt_tokens": call.prompt_len, "completion_tokens": completion,
-                      "total_tokens": call.prompt_len + completion}}  # fmt: skip
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": call.finish_reason}],
+        "usage": {
+            "prompt_tokens": call.prompt_len,
+            "completion_tokens": completion,
+            "total_tokens": call.prompt_len + completion,
+        },
+    }
 
 
 class ChatSessions:
@@ -153,12 +183,29 @@ class ChatSessions:
 Record = Callable[[int, str, int, int, ChatCall], None]  # (step, query_id, rollout, call index, call)
 
 
-def serve(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, role: str, sessions: ChatSessions,
-          session: str | None, body: dict[str, Any], *, max_tokens: int, parser: str, record: Record) -> dict[str, Any]:  # fmt: skip
+def serve(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    role: str,
+    sessions: ChatSessions,
+    session: str | None,
+    body: dict[str, Any],
+    *,
+    max_tokens: int,
+    parser: str,
+    record: Record,
+) -> dict[str, Any]:
     """One chat completion with a role's current policy (the `chat.completion` object); `record`ed as
     an episode when it belongs to a session (`<step>.<query>.<rollout>`)."""
-    call = complete(engine, tokenizer, body["messages"], body.get("tools"), temperature=body.get("temperature", 1.0),
-                    max_tokens=body.get("max_tokens") or max_tokens, parser=parser)  # fmt: skip
+    call = complete(
+        engine,
+        tokenizer,
+        body["messages"],
+        body.get("tools"),
+        temperature=body.get("temperature", 1.0),
+        max_tokens=body.get("max_tokens") or max_tokens,
+        parser=parser,
+    )
     parsed = parse_session(session) if session else None
     if parsed is not None and session is not None:
         step, query_id, rollout = parsed

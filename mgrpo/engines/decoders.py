@@ -116,8 +116,14 @@ class DynamicDecoder:
     def _forward(
         self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **cache_kwargs(self.model, cache))  # fmt: skip
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_kwargs(self.model, cache),
+        )
         return out.logits[:, -1].float()  # (B, V)
 
     def _join(self, cache: DynamicCache, attn: torch.Tensor, pos: torch.Tensor) -> None:

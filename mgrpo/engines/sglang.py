@@ -160,8 +160,11 @@ class SGLangEngine:
         """One `/generate` request: a batch of prompts, one sampling dict each (one for all when equal)."""
         prompts = [p for p, _ in requests]
         per = [_sampling(params) for _, params in requests]
-        body = {"input_ids": prompts, "sampling_params": per[0] if all(d == per[0] for d in per) else per,
-                "return_logprob": True}  # fmt: skip
+        body = {
+            "input_ids": prompts,
+            "sampling_params": per[0] if all(d == per[0] for d in per) else per,
+            "return_logprob": True,
+        }
         self.requests += 1
         out = self._post("/generate", body)
         version = self.weights_version  # after the call: a push during it makes samples newer, not older
@@ -211,9 +214,14 @@ class SGLangEngine:
         bucketed = self.weight_bucket_bytes > 0
         for part in byte_buckets(sizes, self.weight_bucket_bytes) if bucketed else [range(len(params))]:
             chunk = [params[i] for i in part]
-            body = {"names": [n for n, _ in chunk], "dtypes": [str(p.dtype).removeprefix("torch.") for _, p in chunk],
-                    "shapes": [list(p.shape) for _, p in chunk], "group_name": self._group_name,
-                    "flush_cache": True, "weight_version": str(version)}  # fmt: skip
+            body = {
+                "names": [n for n, _ in chunk],
+                "dtypes": [str(p.dtype).removeprefix("torch.") for _, p in chunk],
+                "shapes": [list(p.shape) for _, p in chunk],
+                "group_name": self._group_name,
+                "flush_cache": True,
+                "weight_version": str(version),
+            }
             if bucketed:
                 body["load_format"] = "flattened_bucket"
             with ThreadPoolExecutor(1) as pool:  # the server receives while the call is open
@@ -244,8 +252,14 @@ class SGLangEngine:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
         backend = "nccl" if device.type == "cuda" else "gloo"
-        body = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": 1 + ranks,
-                "group_name": self._group_name, "backend": backend}  # fmt: skip
+        body = {
+            "master_address": host,
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": 1 + ranks,
+            "group_name": self._group_name,
+            "backend": backend,
+        }
         with ThreadPoolExecutor(1) as pool:  # the server joins while this side opens the store
             answer = pool.submit(self._post, "/init_weights_update_group", body)
             try:
@@ -295,9 +309,13 @@ class _Call:
 
 def _sampling(params: SamplingParams) -> dict[str, Any]:
     """SGLang's sampling dict for `params`."""
-    out: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
-                           "top_p": params.top_p, "skip_special_tokens": False,
-                           "spaces_between_special_tokens": False}  # fmt: skip
+    out: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+    }
     if params.stop_token_ids:
         out["stop_token_ids"] = list(params.stop_token_ids)
     if params.stop:

@@ -65,10 +65,12 @@ def _fuse(*layers: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = torch.cat([layer.weight.detach() for layer in layers])
     if all(layer.bias is None for layer in layers):
         return weight, None
-    return weight, torch.cat([
-        layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.weight.shape[0])
-        for layer in layers
-    ])  # fmt: skip
+    return weight, torch.cat(
+        [
+            layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.weight.shape[0])
+            for layer in layers
+        ]
+    )
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -80,9 +80,16 @@ def _sharded(config: dict[str, Any], source: PreTrainedModel | None) -> PreTrain
 
 
 class ShardedPolicy:
-    def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
-                 optimizer_state: dict[str, Any] | None = None, *, with_ref: bool = False,
-                 ref_source: PreTrainedModel | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: dict[str, Any],
+        lr: float,
+        source: PreTrainedModel | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+        *,
+        with_ref: bool = False,
+        ref_source: PreTrainedModel | None = None,
+    ) -> None:
         """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
         KL penalty); rank 0 passes `source` (its full model, copied, not changed), a full
         `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
@@ -98,10 +105,26 @@ class ShardedPolicy:
         elif given[0]:
             set_optimizer_state_dict(self.model, self.optimizer, optimizer_state or {}, options=FROM_RANK0)
 
-    def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *, pad_id: int,
-               seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
-        return ppo_update(self.model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale,
-                          ref_model=self.ref if settings.kl_coef > 0 else None, shard=(self.rank, self.world))  # fmt: skip
+    def update(
+        self,
+        samples: Sequence[tuple[Transcript, float]],
+        settings: UpdateSettings,
+        *,
+        pad_id: int,
+        seed: int,
+        stale: Sequence[bool] | None,
+    ) -> dict[str, float]:
+        return ppo_update(
+            self.model,
+            self.optimizer,
+            samples,
+            settings,
+            pad_id=pad_id,
+            seed=seed,
+            stale=stale,
+            ref_model=self.ref if settings.kl_coef > 0 else None,
+            shard=(self.rank, self.world),
+        )
 
     def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
         """Every rank: copy the trained weights into rank 0's full `into` (same parameter names; None

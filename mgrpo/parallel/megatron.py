@@ -147,8 +147,9 @@ def hf_to_megatron(
     return {name: t.clone() for name, t in out.items()}
 
 
-def _mlp(hf: dict[str, torch.Tensor], cfg: Any, src: str, dst: str, tp: int, rank: int, ep: int,
-         expert_rank: int) -> dict[str, torch.Tensor]:  # fmt: skip
+def _mlp(
+    hf: dict[str, torch.Tensor], cfg: Any, src: str, dst: str, tp: int, rank: int, ep: int, expert_rank: int
+) -> dict[str, torch.Tensor]:
     """A layer's MLP share: the dense one split by tensor parallelism, or the router and this expert-
     parallel rank's experts."""
     if not is_moe(cfg):

@@ -40,23 +40,48 @@ def transformer_config(
     heads, groups, d = attention_shape(cfg)
     experts: dict[str, Any] = {}
     if is_moe(cfg):
-        experts = dict(num_moe_experts=cfg.num_experts, moe_router_topk=cfg.num_experts_per_tok,
-                       moe_ffn_hidden_size=cfg.moe_intermediate_size, moe_router_pre_softmax=not cfg.norm_topk_prob,
-                       moe_aux_loss_coeff=0.0, moe_router_load_balancing_type="none",
-                       expert_model_parallel_size=ep, moe_token_dispatcher_type="allgather")  # fmt: skip
+        experts = dict(
+            num_moe_experts=cfg.num_experts,
+            moe_router_topk=cfg.num_experts_per_tok,
+            moe_ffn_hidden_size=cfg.moe_intermediate_size,
+            moe_router_pre_softmax=not cfg.norm_topk_prob,
+            moe_aux_loss_coeff=0.0,
+            moe_router_load_balancing_type="none",
+            expert_model_parallel_size=ep,
+            moe_token_dispatcher_type="allgather",
+        )
     return TransformerConfig(
-        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
-        num_attention_heads=heads, num_query_groups=groups, kv_channels=d,
-        normalization="RMSNorm", layernorm_epsilon=cfg.rms_norm_eps, qk_layernorm=True,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
-        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
-        params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        pipeline_model_parallel_size=pp, pipeline_dtype=dtype, variable_seq_lengths=pp > 1,
+        num_layers=cfg.num_hidden_layers,
+        hidden_size=cfg.hidden_size,
+        ffn_hidden_size=cfg.intermediate_size,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=d,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.rms_norm_eps,
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=dtype,
+        variable_seq_lengths=pp > 1,
         **({"moe_token_dispatcher_type": "alltoall"} | experts),  # alltoall: the default refuses variable
         # lengths (pipeline stages); experts use allgather, whose dispatch runs on the CPU
-    )  # fmt: skip
+    )
 
 
 def rope_theta(cfg: Any) -> float:
@@ -106,15 +131,23 @@ def build_gpt(
 
     check_split(cfg, tp, pp, ep)
     spec = get_gpt_layer_local_spec(
-        num_experts=cfg.num_experts if is_moe(cfg) else None, moe_grouped_gemm=False, qk_layernorm=True,
+        num_experts=cfg.num_experts if is_moe(cfg) else None,
+        moe_grouped_gemm=False,
+        qk_layernorm=True,
         normalization="RMSNorm",
-    )  # fmt: skip
+    )
     return GPTModel(
-        transformer_config(cfg, tp, dtype, pp, ep), spec, vocab_size=padded_vocab(cfg, tp),
-        max_sequence_length=cfg.max_position_embeddings, position_embedding_type="rope",
-        rotary_base=int(rope_theta(cfg)), share_embeddings_and_output_weights=cfg.tie_word_embeddings,
-        parallel_output=False, pre_process=stage == 0, post_process=stage == pp - 1,
-    )  # fmt: skip
+        transformer_config(cfg, tp, dtype, pp, ep),
+        spec,
+        vocab_size=padded_vocab(cfg, tp),
+        max_sequence_length=cfg.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(rope_theta(cfg)),
+        share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+        parallel_output=False,
+        pre_process=stage == 0,
+        post_process=stage == pp - 1,
+    )
 
 
 def load_into(model: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
@@ -274,8 +307,11 @@ class MegatronCausalLM(torch.nn.Module):
         from mgrpo.parallel.transport import all_reduce_in_buckets
 
         for expert in (False, True):
-            grads = [p.grad for p in self.parameters()
-                     if p.grad is not None and (not getattr(p, "allreduce", True)) == expert]  # fmt: skip
+            grads = [
+                p.grad
+                for p in self.parameters()
+                if p.grad is not None and (not getattr(p, "allreduce", True)) == expert
+            ]
             group = ps.get_expert_data_parallel_group() if expert else ps.get_data_parallel_group()
             if grads and dist.get_world_size(group) > 1:
                 all_reduce_in_buckets(grads, group)

@@ -27,8 +27,12 @@ from mgrpo.models import logits_logprobs
 Inputs = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def _run(model: Any, inputs: Inputs, loss_fn: Callable[[int, torch.Tensor], tuple[torch.Tensor, Any]],
-         forward_only: bool) -> list[Any]:  # fmt: skip
+def _run(
+    model: Any,
+    inputs: Inputs,
+    loss_fn: Callable[[int, torch.Tensor], tuple[torch.Tensor, Any]],
+    forward_only: bool,
+) -> list[Any]:
     """One pass of the schedule; what `loss_fn` kept per micro-batch on the last stage ([] elsewhere)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -48,10 +52,14 @@ def _run(model: Any, inputs: Inputs, loss_fn: Callable[[int, torch.Tensor], tupl
 
     with cpu_shim() if model.device.type == "cpu" else contextlib.nullcontext():
         kept = get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iter(enumerate(inputs)), model=[model.gpt],
-            num_microbatches=n, seq_length=max(ids.shape[1] for ids, _ in inputs),
-            micro_batch_size=max(ids.shape[0] for ids, _ in inputs), forward_only=forward_only,
-        )  # fmt: skip
+            forward_step_func=step,
+            data_iterator=iter(enumerate(inputs)),
+            model=[model.gpt],
+            num_microbatches=n,
+            seq_length=max(ids.shape[1] for ids, _ in inputs),
+            micro_batch_size=max(ids.shape[0] for ids, _ in inputs),
+            forward_only=forward_only,
+        )
     return list(kept)
 
 
@@ -61,7 +69,9 @@ def _last_stage_rank() -> int:
     return dist.get_world_size() - 1
 
 
-def train_pipeline(model: Any, inputs: Inputs, loss_fn: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]) -> list[dict[str, float]]:  # fmt: skip
+def train_pipeline(
+    model: Any, inputs: Inputs, loss_fn: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+) -> list[dict[str, float]]:
     """Forward and backward of every micro-batch (gradients accumulate; the caller steps); each
     micro-batch's metrics, on every rank."""
     box = [_run(model, inputs, loss_fn, forward_only=False)]

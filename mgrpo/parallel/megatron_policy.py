@@ -52,10 +52,18 @@ def _layout(hf_config: Any, share: dict[str, int]) -> dict[str, torch.Size]:
 
 
 class MegatronPolicy:
-    def __init__(self, config: dict[str, Any], lr: float, source: PreTrainedModel | None = None,
-                 optimizer_state: dict[str, Any] | None = None, *, with_ref: bool = False,
-                 ref_source: PreTrainedModel | None = None, bucket_mb: float = 256.0,
-                 pipeline: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: dict[str, Any],
+        lr: float,
+        source: PreTrainedModel | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+        *,
+        with_ref: bool = False,
+        ref_source: PreTrainedModel | None = None,
+        bucket_mb: float = 256.0,
+        pipeline: int = 1,
+    ) -> None:
         """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
         KL penalty), `bucket_mb` (the transport's, until `sync_into` sets its own), `pipeline` (the
         stages P, dividing W); rank 0 passes `source` (its full HF model, not changed), a full
@@ -93,8 +101,14 @@ class MegatronPolicy:
         """Where global rank `r`'s share sits (`place`; its data-parallel rank is its expert-parallel
         one here): hf_to_megatron's and copy_into_hf's keyword arguments."""
         t, d, stage = place(r, self.tp, self.dp)
-        return {"tp": self.tp, "rank": t, "pp": self.pp, "stage": stage, "ep": self.ep,
-                "expert_rank": d if self.ep > 1 else 0}  # fmt: skip
+        return {
+            "tp": self.tp,
+            "rank": t,
+            "pp": self.pp,
+            "stage": stage,
+            "ep": self.ep,
+            "expert_rank": d if self.ep > 1 else 0,
+        }
 
     def _owns(self, r: int, name: str) -> bool:
         """Whether rank `r` sends `name` back (data-parallel copies: only the first rank's, but each
@@ -105,8 +119,9 @@ class MegatronPolicy:
         """This rank's share of rank 0's HF `source` (None elsewhere) as a GPTModel."""
         with _on_device():
             at = self.share(self.rank)
-            model = MegatronCausalLM(self.hf_config, self.tp, pp=self.pp, stage=at["stage"], ep=self.ep,
-                                     dp=self.dp).to(device())  # fmt: skip
+            model = MegatronCausalLM(
+                self.hf_config, self.tp, pp=self.pp, stage=at["stage"], ep=self.ep, dp=self.dp
+            ).to(device())
             full = source.state_dict() if source is not None else None
             load_into(model.gpt, self._scattered(full))
         return model
@@ -121,16 +136,32 @@ class MegatronPolicy:
         like = torch.empty(0, dtype=torch.float32, device=device())
         return self.transport.scatter(shard_of if full is not None else None, self.layout, like)
 
-    def update(self, samples: Sequence[tuple[Transcript, float]], settings: UpdateSettings, *,
-               pad_id: int, seed: int, stale: Sequence[bool] | None) -> dict[str, float]:  # fmt: skip
+    def update(
+        self,
+        samples: Sequence[tuple[Transcript, float]],
+        settings: UpdateSettings,
+        *,
+        pad_id: int,
+        seed: int,
+        stale: Sequence[bool] | None,
+    ) -> dict[str, float]:
         with _on_device():
             model, ref = (
                 cast(PreTrainedModel, self.model),
                 cast(PreTrainedModel | None, self.ref if settings.kl_coef > 0 else None),
             )  # the HF call
             shard = (self.rank, self.world) if self.dp > 1 else (0, 1)  # dp > 1: experts, tp = pp = 1
-            return ppo_update(model, self.optimizer, samples, settings, pad_id=pad_id, seed=seed, stale=stale,
-                              ref_model=ref, shard=shard)  # fmt: skip
+            return ppo_update(
+                model,
+                self.optimizer,
+                samples,
+                settings,
+                pad_id=pad_id,
+                seed=seed,
+                stale=stale,
+                ref_model=ref,
+                shard=shard,
+            )
 
     def _gathered(
         self, local: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None

@@ -66,12 +66,25 @@ def policy_class(backend: str) -> type[ShardedPolicy] | type[MegatronPolicy]:
     return ShardedPolicy
 
 
-def _open(config: dict[str, Any], lr: float, with_ref: bool = False, source: Any = None,
-          optimizer_state: Any = None, ref_source: Any = None) -> None:  # fmt: skip
+def _open(
+    config: dict[str, Any],
+    lr: float,
+    with_ref: bool = False,
+    source: Any = None,
+    optimizer_state: Any = None,
+    ref_source: Any = None,
+) -> None:
     global _policy
     stages = {"pipeline": _stages} if _backend == "megatron" else {}
-    _policy = policy_class(_backend)(config, lr, source=source, optimizer_state=optimizer_state,
-                                     with_ref=with_ref, ref_source=ref_source, **stages)  # fmt: skip
+    _policy = policy_class(_backend)(
+        config,
+        lr,
+        source=source,
+        optimizer_state=optimizer_state,
+        with_ref=with_ref,
+        ref_source=ref_source,
+        **stages,
+    )
 
 
 def _opened() -> ShardedPolicy | MegatronPolicy:

@@ -38,9 +38,15 @@ def open_weight_group(
     params = inspect.signature(_new_process_group_helper).parameters  # torch renamed pg_options
     options = "backend_options" if "backend_options" in params else "pg_options"
     group, _ = _new_process_group_helper(
-        world_size, rank, [], Backend(backend), PrefixStore(group_name, store),
-        group_name=cast(Any, group_name), timeout=timeout, **{options: None},
-    )  # fmt: skip
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        PrefixStore(group_name, store),
+        group_name=cast(Any, group_name),
+        timeout=timeout,
+        **{options: None},
+    )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # its ranks are its own
     return group
 

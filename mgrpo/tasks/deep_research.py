@@ -158,11 +158,13 @@ def _question(world: World, kind: str, a: str, b: str, split: str, qid: str) -> 
         "employer": (f"Who employs {a}?", pa.employer),
         "country": (f"In which country was {a} born?", world.cities[pa.birth_city].country),
         "org_city": (f"Where is the employer of {a} based?", world.orgs[pa.employer].base),
-        "org_country": (f"In which country is the employer of {a} based?",
-                        world.cities[world.orgs[pa.employer].base].country),
+        "org_country": (
+            f"In which country is the employer of {a} based?",
+            world.cities[world.orgs[pa.employer].base].country,
+        ),
         "earlier": (f"Who was born first, {a} or {b}?", a if pa.birth_year < pb.birth_year else b),
         "same_country": (f"Were {a} and {b} born in the same country?", "yes" if same else "no"),
-    }[kind]  # fmt: skip
+    }[kind]
     entities = (a, b) if kind in ("earlier", "same_country") else (a,)
     return Question(qid, text, answer, 1 if kind in STAGE1_KINDS else 2, kind, entities, split)
 
@@ -208,9 +210,18 @@ def load_jsonl(path: str | Path) -> list[Question]:
 
 def dataset_questions(rows: Sequence[Row], split: str | None) -> list[Question]:
     """A dataset's rows of one split (None: all) as questions, in file order."""
-    return [Question(r.id or f"u{i}", r.query, r.answer, int(r.metadata.get("stage", 0) or 0),
-                     str(r.metadata.get("kind", "custom")), split=r.split)
-            for i, r in enumerate(rows, 1) if split is None or r.split == split]  # fmt: skip
+    return [
+        Question(
+            r.id or f"u{i}",
+            r.query,
+            r.answer,
+            int(r.metadata.get("stage", 0) or 0),
+            str(r.metadata.get("kind", "custom")),
+            split=r.split,
+        )
+        for i, r in enumerate(rows, 1)
+        if split is None or r.split == split
+    ]
 
 
 def epoch_sample(pool: Sequence[Question], step: int, n: int, *, seed: str) -> list[Question]:

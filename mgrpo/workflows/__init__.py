@@ -23,42 +23,118 @@ ENTRY_POINT_GROUP = "mgrpo.workflows"
 log = logging.getLogger("mgrpo.workflows")
 
 DEEP_RESEARCH = Workflow(
-    "deep_research", "planner",
-    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (algorithm.md §2)", "the K rollouts of one question"),
-     RoleSpec("subagent", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (algorithm.md §2)",
-              "the K·D aligned episodes of one question (algorithm.md §3–4)")),
+    "deep_research",
+    "planner",
+    (
+        RoleSpec(
+            "planner",
+            "tiny",
+            ("delegate",),
+            "format 0.1 + correct 0.9 (algorithm.md §2)",
+            "the K rollouts of one question",
+        ),
+        RoleSpec(
+            "subagent",
+            "tiny-wide",
+            ("search", "open"),
+            "format, planner outcome, expert judge (algorithm.md §2)",
+            "the K·D aligned episodes of one question (algorithm.md §3–4)",
+        ),
+    ),
     "A planner delegates one-fact subtasks to a tool-using sub-agent (M-GRPO).",
-)  # fmt: skip
+)
 SINGLE_AGENT = Workflow(
-    "single_agent", "planner",
-    (RoleSpec("planner", "tiny", ("search", "open"), "format 0.1 + correct 0.9", "the K rollouts of one question"),),
+    "single_agent",
+    "planner",
+    (
+        RoleSpec(
+            "planner",
+            "tiny",
+            ("search", "open"),
+            "format 0.1 + correct 0.9",
+            "the K rollouts of one question",
+        ),
+    ),
     "One model with every tool (the paper's single-agent baseline).",
-)  # fmt: skip
+)
 MARSRL = Workflow(
-    "marsrl", "solver",
-    (RoleSpec("solver", "tiny", (), "1 when its answer is right", "the G solutions of one problem"),
-     RoleSpec("verifier", "tiny-wide", (), "1 when its verdict agrees with the reviewed solution's truth",
-              "the G reports on one selected solution"),
-     RoleSpec("corrector", "tiny", (), "1 when its revised answer is right", "the G revisions of one selected report")),
+    "marsrl",
+    "solver",
+    (
+        RoleSpec("solver", "tiny", (), "1 when its answer is right", "the G solutions of one problem"),
+        RoleSpec(
+            "verifier",
+            "tiny-wide",
+            (),
+            "1 when its verdict agrees with the reviewed solution's truth",
+            "the G reports on one selected solution",
+        ),
+        RoleSpec(
+            "corrector",
+            "tiny",
+            (),
+            "1 when its revised answer is right",
+            "the G revisions of one selected report",
+        ),
+    ),
     "MarsRL: solver → verifier → corrector (→ verifier → corrector), agent-specific rewards.",
-)  # fmt: skip
+)
 DEEP_RESEARCH_TEAM = Workflow(
-    "deep_research_team", "planner",
-    (RoleSpec("planner", "tiny", ("delegate",), "format 0.1 + correct 0.9 (algorithm.md §2)", "the K rollouts of one question"),
-     RoleSpec("searcher", "tiny-wide", ("search", "open"), "format, planner outcome, expert judge (algorithm.md §2)",
-              "the K·D aligned lookups of one question"),
-     RoleSpec("comparer", "tiny", ("compare",), "format, planner outcome, expert judge (algorithm.md §2)",
-              "the K·D aligned comparisons of one question")),
+    "deep_research_team",
+    "planner",
+    (
+        RoleSpec(
+            "planner",
+            "tiny",
+            ("delegate",),
+            "format 0.1 + correct 0.9 (algorithm.md §2)",
+            "the K rollouts of one question",
+        ),
+        RoleSpec(
+            "searcher",
+            "tiny-wide",
+            ("search", "open"),
+            "format, planner outcome, expert judge (algorithm.md §2)",
+            "the K·D aligned lookups of one question",
+        ),
+        RoleSpec(
+            "comparer",
+            "tiny",
+            ("compare",),
+            "format, planner outcome, expert judge (algorithm.md §2)",
+            "the K·D aligned comparisons of one question",
+        ),
+    ),
     "Deep research with two kinds of sub-agents: lookups go to a searcher, comparisons to a comparer.",
-)  # fmt: skip
+)
 OPENAI_AGENTS = Workflow(
-    "openai_agents", "planner",
-    (RoleSpec("planner", "", (), "the rollout's outcome (the job's reward on the program's answer)",
-              "every call of the query's K runs, aligned to D per run"),
-     RoleSpec("searcher", "", (), "the rollout's outcome", "every call of the query's K runs, aligned to D per run"),
-     RoleSpec("comparer", "", (), "the rollout's outcome", "every call of the query's K runs, aligned to D per run")),
+    "openai_agents",
+    "planner",
+    (
+        RoleSpec(
+            "planner",
+            "",
+            (),
+            "the rollout's outcome (the job's reward on the program's answer)",
+            "every call of the query's K runs, aligned to D per run",
+        ),
+        RoleSpec(
+            "searcher",
+            "",
+            (),
+            "the rollout's outcome",
+            "every call of the query's K runs, aligned to D per run",
+        ),
+        RoleSpec(
+            "comparer",
+            "",
+            (),
+            "the rollout's outcome",
+            "every call of the query's K runs, aligned to D per run",
+        ),
+    ),
     "Your agent program (written against the OpenAI API) is the rollout; each role is a chat model behind its own /v1/chat/completions.",
-)  # fmt: skip
+)
 WORKFLOWS: dict[str, Workflow] = {
     w.name: w for w in (DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, SINGLE_AGENT, OPENAI_AGENTS)
 }

@@ -84,8 +84,13 @@ def align_query(
     return [(k, episodes[k][i]) for per_rollout in aligned for k, i in per_rollout]
 
 
-def subagent_samples(query_id: str, slots: Sequence[tuple[int, str]], fetched: dict[str, Episode],
-                     correct_main: Sequence[float], role: str = "subagent") -> list[Sample]:  # fmt: skip
+def subagent_samples(
+    query_id: str,
+    slots: Sequence[tuple[int, str]],
+    fetched: dict[str, Episode],
+    correct_main: Sequence[float],
+    role: str = "subagent",
+) -> list[Sample]:
     """One sample per slot, all in group `query_id`; R_S from the episode and its rollout's outcome."""
     out = []
     for k, eid in slots:

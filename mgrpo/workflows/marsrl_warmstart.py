@@ -98,7 +98,9 @@ def demo(role: str, p: Problem, tok: PreTrainedTokenizerFast, rng: random.Random
     return demo_transcript(tok, ids, [(turn, None)], "tool_response")
 
 
-def run_warmstart(cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> MarsWarmstart:  # fmt: skip
+def run_warmstart(
+    cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None
+) -> MarsWarmstart:
     torch.manual_seed(cfg.seed)
     tok = train_tokenizer(tokenizer_texts(cfg.seed), cfg.vocab)
     models = {m: build_model(cfg.preset(m), tok, seed=cfg.seed + i) for i, m in enumerate((*ROLES, "shared"))}
@@ -114,7 +116,11 @@ def run_warmstart(cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int
         losses["shared/sft_loss"] = _sft(models["shared"], opts["shared"], tok, mixed)
         if on_step:
             on_step(step, losses)
-    metrics = evaluate_models(cfg, {r: (models[r], tok) for r in ROLES}, (models["shared"], tok)) if cfg.eval_problems else {}  # fmt: skip
+    metrics = (
+        evaluate_models(cfg, {r: (models[r], tok) for r in ROLES}, (models["shared"], tok))
+        if cfg.eval_problems
+        else {}
+    )
     out.mkdir(parents=True, exist_ok=True)
     for m, model in models.items():
         save(model, tok, out / m)
@@ -123,7 +129,9 @@ def run_warmstart(cfg: MarsWarmstartConfig, out: Path, *, on_step: Callable[[int
     return MarsWarmstart(out, metrics, cached=False)
 
 
-def _sft(model: PreTrainedModel, opt: torch.optim.Optimizer, tok: PreTrainedTokenizerFast, demos: list[Transcript]) -> float:  # fmt: skip
+def _sft(
+    model: PreTrainedModel, opt: torch.optim.Optimizer, tok: PreTrainedTokenizerFast, demos: list[Transcript]
+) -> float:
     return sft_step(model, opt, collate(demos, int(tok.pad_token_id)))
 
 
@@ -146,8 +154,12 @@ def evaluate_models(
     return out
 
 
-def evaluate_system(problems: list[Problem], models: dict[str, tuple[PreTrainedModel, PreTrainedTokenizerFast]],
-                    temperature: float = 1.0, outcomes: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
+def evaluate_system(
+    problems: list[Problem],
+    models: dict[str, tuple[PreTrainedModel, PreTrainedTokenizerFast]],
+    temperature: float = 1.0,
+    outcomes: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
     engines: dict[int, HFEngine] = {}
     agents = {}
     for role, (model, tok) in models.items():
@@ -160,7 +172,12 @@ def evaluate_system(problems: list[Problem], models: dict[str, tuple[PreTrainedM
             e.close()
 
 
-def cached_warmstart(cfg: MarsWarmstartConfig, cache_dir: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> MarsWarmstart:  # fmt: skip
+def cached_warmstart(
+    cfg: MarsWarmstartConfig,
+    cache_dir: Path,
+    *,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> MarsWarmstart:
     """Reuse `cache_dir/marsrl-<key>` when it holds a finished warm start, else run and store one."""
     folder = cache_dir / f"marsrl-{cfg.key()}"
     metrics, cached = build_once(folder, lambda tmp: run_warmstart(cfg, tmp, on_step=on_step).metrics)

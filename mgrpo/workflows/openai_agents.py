@@ -42,10 +42,24 @@ def episodes_of(ids: Sequence[str], role: str, query_id: str, k: int) -> list[li
     return [[e for _, e in sorted(r)] for r in per]
 
 
-def outcome_samples(role: str, query_id: str, slots: Sequence[tuple[int, str]], fetched: dict[str, Episode],
-                    correct: Sequence[float]) -> list[Sample]:  # fmt: skip
+def outcome_samples(
+    role: str,
+    query_id: str,
+    slots: Sequence[tuple[int, str]],
+    fetched: dict[str, Episode],
+    correct: Sequence[float],
+) -> list[Sample]:
     """One sample per aligned slot, all in group `query_id`, rewarded with its rollout's outcome
     `correct[k]` (NaN: unscorable, algorithm.md §4). A call cut off at its token budget is not gated to 0:
     what the program made of it is in the outcome."""
-    return [Sample(role, query_id, fetched[eid].transcript, correct[k], policy_version=fetched[eid].policy_version,
-                   episode_id=eid) for k, eid in slots]  # fmt: skip
+    return [
+        Sample(
+            role,
+            query_id,
+            fetched[eid].transcript,
+            correct[k],
+            policy_version=fetched[eid].policy_version,
+            episode_id=eid,
+        )
+        for k, eid in slots
+    ]

@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_check_runs_on_the_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "MASTER_PORT": "29547"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_check.py"), "--device", "cpu", "--quick", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench/gpu_check.py"), "--device", "cpu", "--quick", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert all(

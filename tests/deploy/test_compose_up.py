@@ -24,8 +24,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "compose-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
-JOB = {"steps": 1, "prompts_per_step": 1, "rollouts_per_query": 2, "subagent_slots_per_rollout": 1,
-       "warmstart_steps": 5, "partner_timeout_s": 600}  # fmt: skip
+JOB = {
+    "steps": 1,
+    "prompts_per_step": 1,
+    "rollouts_per_query": 2,
+    "subagent_slots_per_rollout": 1,
+    "warmstart_steps": 5,
+    "partner_timeout_s": 600,
+}
 
 
 def run(
@@ -56,8 +62,14 @@ def env():
             pytest.skip(
                 f"image {image} is neither here nor pullable: tests/deploy/offline_images.sh builds one"
             )
-    return {**os.environ, "MGRPO_API_TOKEN": TOKEN, "MGRPO_SERVICE_TOKEN": "compose-service",
-            "MGRPO_BASE_IMAGE": base, "MGRPO_REDIS_IMAGE": redis_image, "MGRPO_PORT": str(free_port())}  # fmt: skip
+    return {
+        **os.environ,
+        "MGRPO_API_TOKEN": TOKEN,
+        "MGRPO_SERVICE_TOKEN": "compose-service",
+        "MGRPO_BASE_IMAGE": base,
+        "MGRPO_REDIS_IMAGE": redis_image,
+        "MGRPO_PORT": str(free_port()),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +118,10 @@ def test_compose_up_runs_a_job_and_comes_down(env, built, stack):
         r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
         assert r.status_code == 201, r.text
         job_id, deadline = r.json()["job_id"], time.monotonic() + 1200
-        while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=30).json())["status"] in ("queued", "running"):  # fmt: skip
+        while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=30).json())["status"] in (
+            "queued",
+            "running",
+        ):
             assert time.monotonic() < deadline, (
                 job,
                 run(*compose, "logs", "--tail", "80", env=env).stdout[-6000:],

@@ -63,15 +63,20 @@ def test_chart_renders_lints_and_validates(values):
 
 @pytest.mark.parametrize(
     ("values", "kinds"),
-    [(GPU_VALUES, {"planner": "planner", "subagent": "subagent"}),
-     (MARSRL_VALUES, {"solver": "planner", "verifier": "subagent", "corrector": "subagent"})],
+    [
+        (GPU_VALUES, {"planner": "planner", "subagent": "subagent"}),
+        (MARSRL_VALUES, {"solver": "planner", "verifier": "subagent", "corrector": "subagent"}),
+    ],
     ids=["deep_research", "marsrl"],
-)  # fmt: skip
+)
 def test_gpu_values_put_each_role_on_its_own_gpu_node(values, kinds):
     docs = render({**values, "apiToken": "t"})
-    trainers = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
-                for d in docs
-                if d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] != "controller"}  # fmt: skip
+    trainers = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] != "controller"
+    }
     assert set(trainers) == set(kinds)
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
     urls = json.loads(config["MGRPO_ROLE_URLS"])  # the root reaches every callee role's Service
@@ -95,8 +100,11 @@ def test_a_role_on_two_ranks_gets_them_and_shared_memory():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     values["roles"][1]["ranks"] = 2
     docs = render({**values, "apiToken": "t"})
-    specs = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
-             for d in docs if d["kind"] == "Deployment"}  # fmt: skip
+    specs = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
     for role, w in (("planner", "1"), ("subagent", "2")):
         (c,) = specs[role]["containers"]
         assert {"name": "MGRPO_RANKS", "value": w} in c["env"], role

@@ -30,8 +30,11 @@ def test_parse_hermes():
         ("search", {"query": "Kir"})
     ]
     assert parse_hermes("Lotham") == ("Lotham", [])
-    for bad in ('<tool_call>{"name": "search"</tool_call>', '<tool_call>{"arguments": {}}</tool_call>',
-                '<tool_call>{"name": "s", "arguments": "Kir"}</tool_call>'):  # fmt: skip
+    for bad in (
+        '<tool_call>{"name": "search"</tool_call>',
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "s", "arguments": "Kir"}</tool_call>',
+    ):
         with pytest.raises(FormatError):
             parse_hermes(bad)
 
@@ -106,8 +109,12 @@ def test_a_retokenising_loop_fails_the_prefix_check():
     fmt = ChatFormat(tok, TOOLS)
     sample_ids = [i for ch in TURNS[0] for i in tok.encode(ch, add_special_tokens=False)] + [tok.eos_token_id]
     first = fmt.prompt_ids("Where was Kir Naibram born?")
-    messages = [{"role": "user", "content": "Where was Kir Naibram born?"}, {"role": "assistant", "content": TURNS[0]},
-                {"role": "tool", "content": "d12 Kir Naibram"}, {"role": "user", "content": "go on"}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "Where was Kir Naibram born?"},
+        {"role": "assistant", "content": TURNS[0]},
+        {"role": "tool", "content": "d12 Kir Naibram"},
+        {"role": "user", "content": "go on"},
+    ]
     rerendered = fmt.encode(fmt.render(messages, generation_prompt=True))
     assert rerendered[: len(first) + len(sample_ids)] != first + sample_ids
 

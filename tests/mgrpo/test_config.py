@@ -32,13 +32,21 @@ def test_the_two_role_fields_fold_into_roles():
 
 @pytest.mark.parametrize(
     ("config", "field"),
-    [({"workflow": "marsrl", "roles": {"judge": {}}}, "roles.judge"),
-     ({"roles": {"verifier": {}}}, "roles.verifier"),
-     ({"workflow": "marsrl", "roles": {"solver": {"share_model_with": "verifier"}}}, "roles.solver.share_model_with"),
-     ({"workflow": "marsrl", "roles": {"verifier": {"share_model_with": "corrector"}}}, "roles.verifier.share_model_with"),
-     ({"roles": {"subagent": {"share_model_with": "planner"}}}, "roles.subagent.share_model_with"),
-     ({"workflow": "marsrl", "mode": "main_only"}, "mode")],
-)  # fmt: skip
+    [
+        ({"workflow": "marsrl", "roles": {"judge": {}}}, "roles.judge"),
+        ({"roles": {"verifier": {}}}, "roles.verifier"),
+        (
+            {"workflow": "marsrl", "roles": {"solver": {"share_model_with": "verifier"}}},
+            "roles.solver.share_model_with",
+        ),
+        (
+            {"workflow": "marsrl", "roles": {"verifier": {"share_model_with": "corrector"}}},
+            "roles.verifier.share_model_with",
+        ),
+        ({"roles": {"subagent": {"share_model_with": "planner"}}}, "roles.subagent.share_model_with"),
+        ({"workflow": "marsrl", "mode": "main_only"}, "mode"),
+    ],
+)
 def test_a_role_the_workflow_lacks_is_an_error_naming_the_field(config, field):
     with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
         JobConfig.model_validate(config)

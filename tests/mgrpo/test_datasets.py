@@ -57,13 +57,32 @@ def test_bad_files_name_the_problem(data, message):
 
 
 def test_parquet_reads_like_jsonl():
-    table = pa.Table.from_pylist([{"query": r.get("query", r.get("prompt")), "answer": r["answer"],
-                                   "split": r.get("split", "train")} for r in ROWS])  # fmt: skip
+    table = pa.Table.from_pylist(
+        [
+            {
+                "query": r.get("query", r.get("prompt")),
+                "answer": r["answer"],
+                "split": r.get("split", "train"),
+            }
+            for r in ROWS
+        ]
+    )
     buf = io.BytesIO()
     pq.write_table(table, buf)
-    assert dataset_id(parse(buf.getvalue())) == dataset_id(parse(jsonl(*[{**r, "metadata": {}} for r in [
-        {"query": "Where was Kir born?", "answer": "Lotham"}, {"query": "2 + 2?", "answer": "4"},
-        {"query": "Who employs Ana?", "answer": "Velo", "split": "test"}]])))  # fmt: skip
+    assert dataset_id(parse(buf.getvalue())) == dataset_id(
+        parse(
+            jsonl(
+                *[
+                    {**r, "metadata": {}}
+                    for r in [
+                        {"query": "Where was Kir born?", "answer": "Lotham"},
+                        {"query": "2 + 2?", "answer": "4"},
+                        {"query": "Who employs Ana?", "answer": "Velo", "split": "test"},
+                    ]
+                ]
+            )
+        )
+    )
 
 
 def test_the_id_is_the_content():

@@ -56,10 +56,12 @@ def _check_against_teacher_forcing(model, seen):
 def _script(vocab, waves, seed=1):
     g = torch.Generator().manual_seed(seed)
     return {
-        k: [torch.randint(1, vocab, (int(torch.randint(2, 30, (), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+        k: [
+            torch.randint(1, vocab, (int(torch.randint(2, 30, (), generator=g)),), generator=g).tolist()
+            for _ in range(n)
+        ]
         for k, n in waves.items()
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
@@ -149,8 +151,17 @@ def test_an_update_between_two_steps_of_a_running_row_reaches_the_second(tiny_mo
 def test_llama_runs_static_and_other_models_fall_back():
     """A Llama model (no q/k norms, untied head, no GQA) runs on the static path; GPT-2 falls back."""
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)).eval()  # fmt: skip
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     assert static_unsupported(llama) is None
     seen = _run(StaticDecoder(llama), _script(64, {0: 3, 2: 2}), steps=12)
     _check_against_teacher_forcing(llama, seen)

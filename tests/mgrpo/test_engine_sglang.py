@@ -111,8 +111,10 @@ def test_distributed_push_reaches_every_replica(tiny_model, tokenizer, tmp_path)
     push both replicas' log-probs are the pushed model's, and each replica's group is opened once."""
     folder = save(build_model("tiny", tokenizer, seed=5), tokenizer, tmp_path / "other")
     ports = [free_port(), free_port()]
-    servers = [subprocess.Popen([sys.executable, "-m", "tests.mgrpo.sglang_standin", str(folder), str(p)], cwd=ROOT)
-               for p in ports]  # fmt: skip
+    servers = [
+        subprocess.Popen([sys.executable, "-m", "tests.mgrpo.sglang_standin", str(folder), str(p)], cwd=ROOT)
+        for p in ports
+    ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     eng = None
     try:

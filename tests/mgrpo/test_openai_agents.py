@@ -20,8 +20,13 @@ def test_ids():
     assert parse_session(session_id(3, "q1", 2)) == (3, "q1", 2) and parse_session("3.q1") is None
     eid = episode_id(3, program_query("q1", "searcher"), 2, 0)
     assert parse_episode(eid) == ("q1", "searcher", 2) and parse_episode(episode_id(3, "q1", 2, 0)) is None
-    ids = [episode_id(0, program_query(q, r), k, n) for q in ("q0", "q1") for r in ("planner", "searcher")
-           for k in range(2) for n in (10, 2, 0)]  # fmt: skip
+    ids = [
+        episode_id(0, program_query(q, r), k, n)
+        for q in ("q0", "q1")
+        for r in ("planner", "searcher")
+        for k in range(2)
+        for n in (10, 2, 0)
+    ]
     assert episodes_of(ids, "searcher", "q1", 2) == [
         [episode_id(0, "q1.searcher", k, n) for n in (0, 2, 10)] for k in range(2)
     ]  # call order, not text order
@@ -54,8 +59,11 @@ def test_a_completion_in_openai_shape():
     )
     sessions = ChatSessions()
     assert sessions.record("0.q0.0", call) == 0
-    follow = [*messages, {"role": "assistant", "content": None, "tool_calls": call.tool_calls},
-              {"role": "tool", "tool_call_id": call.tool_calls[0]["id"], "content": "d1 Kir"}]  # fmt: skip
+    follow = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": call.tool_calls},
+        {"role": "tool", "tool_call_id": call.tool_calls[0]["id"], "content": "d1 Kir"},
+    ]
     second = complete(engine, tok, follow, None, temperature=1.0, max_tokens=64)
     assert second.content == "Lotham" and second.finish_reason == "stop"
     assert sessions.record("0.q0.0", second) == 1

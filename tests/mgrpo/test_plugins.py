@@ -47,9 +47,16 @@ def test_bad_plugins_are_refused():
         ("not a workflow", "must be a mgrpo.workflows.Workflow"),
         (Workflow("marsrl", "planner", roles, engine="deep_research"), "a built-in's"),
         (Workflow("x", "planner", roles, engine="vllm"), "engine must be one of"),
-        (Workflow("x", "planner", (RoleSpec("planner", "tiny"), RoleSpec("writer", "tiny")), engine="deep_research"),
-         "has the roles planner, subagent"),
-    ]  # fmt: skip
+        (
+            Workflow(
+                "x",
+                "planner",
+                (RoleSpec("planner", "tiny"), RoleSpec("writer", "tiny")),
+                engine="deep_research",
+            ),
+            "has the roles planner, subagent",
+        ),
+    ]
     for wf, says in cases:
         with pytest.raises(ValueError, match=says):
             check_plugin(wf, "plugin x")

@@ -41,8 +41,9 @@ print(json.dumps({str(f.relative_to(out)): hashlib.sha256(f.read_bytes()).hexdig
 
 def _warmstart_in_a_process(out: Path, **env: str) -> dict[str, str]:
     full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    proc = subprocess.run([sys.executable, "-c", WARMSTART, str(out)], capture_output=True, text=True,
-                          env=full, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", WARMSTART, str(out)], capture_output=True, text=True, env=full, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.splitlines()[-1]))
 
@@ -73,8 +74,13 @@ def test_every_mgrpo_process_pins_the_cpu_numerics():
     env = {k: v for k, v in os.environ.items() if k not in reproducibility.NUMERICS_ENV}
 
     def run(**extra: str) -> str:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env={**env, "PYTHONPATH": str(ROOT), **extra}, check=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**env, "PYTHONPATH": str(ROOT), **extra},
+            check=True,
+        )
         return proc.stdout.strip()
 
     if _has_avx2():
@@ -139,7 +145,11 @@ def generated_data_fingerprints() -> dict[str, str]:
     )
     problems = make_problems("train", 20, seed=5) + make_problems("heldout", 5, seed=5, n_ops=3)
     rng = random.Random(0)
-    marsrl = [tok.decode(marsrl_demo(role, p, tok, rng).token_ids) for p in problems for role in ("solver", "verifier", "corrector")]  # fmt: skip
+    marsrl = [
+        tok.decode(marsrl_demo(role, p, tok, rng).token_ids)
+        for p in problems
+        for role in ("solver", "verifier", "corrector")
+    ]
     return {
         "world": _digest([f"{d.title}|{d.text}" for d in world.docs] + world.heldout_people),
         "questions": _digest([f"{q.qid}|{q.text}|{q.answer}|{q.kind}" for q in questions]),

@@ -51,10 +51,13 @@ class Endpoint:
                 if outer.mode == "slow":
                     time.sleep(1.0)
                 rewards = [float(i["answer"] == i["reference"]) for i in items]
-                body = {"ok": json.dumps({"rewards": rewards}), "garbage": "{not json",
-                        "short": json.dumps({"rewards": rewards[:-1]}),
-                        "range": json.dumps({"rewards": [1.5, *rewards[1:]]}),
-                        "slow": json.dumps({"rewards": rewards})}[outer.mode]  # fmt: skip
+                body = {
+                    "ok": json.dumps({"rewards": rewards}),
+                    "garbage": "{not json",
+                    "short": json.dumps({"rewards": rewards[:-1]}),
+                    "range": json.dumps({"rewards": [1.5, *rewards[1:]]}),
+                    "slow": json.dumps({"rewards": rewards}),
+                }[outer.mode]
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()

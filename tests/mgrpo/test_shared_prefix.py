@@ -91,8 +91,9 @@ def test_an_update_through_shared_prompts_equals_the_whole_row_update(tokenizer)
     for shared in (False, True):
         m = copy.deepcopy(base)
         opt = torch.optim.SGD(m.parameters(), lr=0.5)
-        metrics = ppo_update(m, opt, samples, UpdateSettings(minibatch_size=7, ppo_epochs=2, shared_prefix=shared),
-                             pad_id=0)  # fmt: skip
+        metrics = ppo_update(
+            m, opt, samples, UpdateSettings(minibatch_size=7, ppo_epochs=2, shared_prefix=shared), pad_id=0
+        )
         results.append((metrics, [p.detach().clone() for p in m.parameters()]))
     (m0, w0), (m1, w1) = results
     assert m0.keys() == m1.keys()
@@ -107,9 +108,18 @@ def test_an_update_through_shared_prompts_equals_the_whole_row_update(tokenizer)
 def test_models_that_cannot_share_a_prompt_say_why(tokenizer):
     assert shares_prefixes(build_model("tiny", tokenizer)) is None
     windowed = AutoModelForCausalLM.from_config(
-        Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                    num_key_value_heads=1, use_sliding_window=True, sliding_window=8, max_window_layers=0)
-    )  # fmt: skip
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=0,
+        )
+    )
     assert "sliding" in (shares_prefixes(windowed) or "") or "full context" in (
         shares_prefixes(windowed) or ""
     )
@@ -133,8 +143,13 @@ def test_the_update_runs_each_prompt_once(tokenizer):
         hook = m.model.embed_tokens.register_forward_hook(
             lambda _m, args, _o, counted=counted: counted.append(args[0].numel())
         )
-        ppo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), samples,
-                   UpdateSettings(minibatch_size=len(trs), shared_prefix=shared), pad_id=0)  # fmt: skip
+        ppo_update(
+            m,
+            torch.optim.SGD(m.parameters(), lr=0.1),
+            samples,
+            UpdateSettings(minibatch_size=len(trs), shared_prefix=shared),
+            pad_id=0,
+        )
         hook.remove()
         seen.append(sum(counted))
     assert seen == [shared_positions, whole]

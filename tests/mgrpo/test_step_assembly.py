@@ -56,6 +56,10 @@ def test_subagent_slots_pool_per_query_with_the_planner_outcome():
 
 
 def test_groups_never_mix_roles():
-    same_group = [Sample("verifier", "g", tr(), 1.0), Sample("verifier", "g", tr(), 0.0),
-                  Sample("corrector", "g", tr(), 1.0), Sample("corrector", "g", tr(), 1.0)]  # fmt: skip
+    same_group = [
+        Sample("verifier", "g", tr(), 1.0),
+        Sample("verifier", "g", tr(), 0.0),
+        Sample("corrector", "g", tr(), 1.0),
+        Sample("corrector", "g", tr(), 1.0),
+    ]
     assert assign_advantages(same_group).tolist() == pytest.approx([S, -S, 0.0, 0.0], abs=1e-5)

@@ -50,9 +50,14 @@ def test_the_comparer_demo_is_a_well_formed_episode():
 
 def test_each_sub_agent_role_aligns_its_own_episodes():
     # one query, K = 2: rollout 0 delegated two lookups and a comparison, rollout 1 one lookup
-    dels = [[Delegation("birth year of A", "1", "a", role="searcher"), Delegation("birth year of B", "2", "b", role="searcher"),
-             Delegation("born first: A 1, B 2", "A", "c", role="comparer")],
-            [Delegation("birth year of A", "1", "d", role="searcher")]]  # fmt: skip
+    dels = [
+        [
+            Delegation("birth year of A", "1", "a", role="searcher"),
+            Delegation("birth year of B", "2", "b", role="searcher"),
+            Delegation("born first: A 1, B 2", "A", "c", role="comparer"),
+        ],
+        [Delegation("birth year of A", "1", "d", role="searcher")],
+    ]
     per_rollout = [episodes_by_role(d) for d in dels]
     assert per_rollout == [{"searcher": ["a", "b"], "comparer": ["c"]}, {"searcher": ["d"]}]
     searcher = align_query([r.get("searcher", []) for r in per_rollout], 2, seed=0, mode="duplicate_drop")

@@ -47,8 +47,12 @@ class ToolServer:
                 outer.calls += 1
                 if outer.mode == "slow":
                     time.sleep(1.0)
-                payload = {"ok": json.dumps({"result": f"echo {body['argument']}"}), "slow": "{}",
-                           "garbage": "<html>oops", "wrong": json.dumps({"result": 3})}[outer.mode]  # fmt: skip
+                payload = {
+                    "ok": json.dumps({"result": f"echo {body['argument']}"}),
+                    "slow": "{}",
+                    "garbage": "<html>oops",
+                    "wrong": json.dumps({"result": 3}),
+                }[outer.mode]
                 try:
                     self.send_response(200)
                     self.end_headers()
@@ -72,8 +76,13 @@ def tool_server():
 
 
 def test_http_tool_and_its_failures(tool_server):
-    box = ToolBox([ToolConfig(name="echo", kind="http", url=tool_server.url, timeout_s=0.3, retries=1),
-                   ToolConfig(name="calculator")], {})  # fmt: skip
+    box = ToolBox(
+        [
+            ToolConfig(name="echo", kind="http", url=tool_server.url, timeout_s=0.3, retries=1),
+            ToolConfig(name="calculator"),
+        ],
+        {},
+    )
     assert box("echo", "hi") == "echo hi" and box("calculator", "1+1") == "2"
     assert box.take_counts() == {"tool_calls": 2.0, "tool_errors": 0.0}
     for mode, says in (
@@ -97,8 +106,12 @@ def test_http_tool_and_its_failures(tool_server):
 @pytest.fixture(scope="module")
 def mcp_url():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.mgrpo.mcp_server", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.mgrpo.mcp_server", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -113,13 +126,25 @@ def mcp_url():
 
 
 def test_mcp_tool(mcp_url):
-    box = ToolBox([ToolConfig(name="shout", kind="mcp", url=mcp_url), ToolConfig(name="fail", kind="mcp", url=mcp_url),
-                   ToolConfig(name="absent", kind="mcp", url=mcp_url, retries=0)], {})  # fmt: skip
+    box = ToolBox(
+        [
+            ToolConfig(name="shout", kind="mcp", url=mcp_url),
+            ToolConfig(name="fail", kind="mcp", url=mcp_url),
+            ToolConfig(name="absent", kind="mcp", url=mcp_url, retries=0),
+        ],
+        {},
+    )
     assert box("shout", "kir naibram") == "KIR NAIBRAM"
     assert box("fail", "x").startswith("tool error: fail:")
     assert "has no tool 'absent'" in box("absent", "x")
-    dead = ToolBox([ToolConfig(name="shout", kind="mcp", url=f"http://127.0.0.1:{free_port()}/mcp", retries=0,
-                               timeout_s=5)], {})  # fmt: skip
+    dead = ToolBox(
+        [
+            ToolConfig(
+                name="shout", kind="mcp", url=f"http://127.0.0.1:{free_port()}/mcp", retries=0, timeout_s=5
+            )
+        ],
+        {},
+    )
     assert dead("shout", "x").startswith("tool error: shout:")
     assert box.take_counts() == {"tool_calls": 3.0, "tool_errors": 2.0}
 

@@ -72,8 +72,15 @@ def test_kl_penalty_needs_a_reference_and_pulls_towards_it(tokenizer, small_task
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
         first = None
         for i in range(6):
-            m = ppo_update(model, opt, samples, UpdateSettings(minibatch_size=4, kl_coef=kl_coef),
-                           pad_id=tokenizer.pad_token_id, seed=i, ref_model=ref)  # fmt: skip
+            m = ppo_update(
+                model,
+                opt,
+                samples,
+                UpdateSettings(minibatch_size=4, kl_coef=kl_coef),
+                pad_id=tokenizer.pad_token_id,
+                seed=i,
+                ref_model=ref,
+            )
             first = m["kl_ref"] if first is None else first
         b = collate(trs, tokenizer.pad_token_id)
         with torch.no_grad():
@@ -136,8 +143,14 @@ def test_stale_samples_are_reweighted_against_the_current_policy(tokenizer, smal
     def run(flags):
         model = copy.deepcopy(current)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-        m = ppo_update(model, opt, list(zip(trs, adv, strict=True)), UpdateSettings(minibatch_size=4, is_cap=1.5),
-                       pad_id=tokenizer.pad_token_id, stale=flags)  # fmt: skip
+        m = ppo_update(
+            model,
+            opt,
+            list(zip(trs, adv, strict=True)),
+            UpdateSettings(minibatch_size=4, is_cap=1.5),
+            pad_id=tokenizer.pad_token_id,
+            stale=flags,
+        )
         return m, torch.cat([p.flatten() for p in model.parameters()])
 
     m, _ = run(stale)

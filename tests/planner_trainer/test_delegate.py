@@ -17,8 +17,9 @@ def test_a_cancel_ends_the_retries_against_a_partner_that_is_down():
     """Nothing listens on the port: the client retries until the job's timeout (30 s here), but a
     cancel ends the wait within a second."""
     t0 = time.monotonic()
-    client = SubagentClient(f"http://127.0.0.1:{free_port()}", "", timeout_s=30,
-                            cancelled=lambda: time.monotonic() - t0 > 0.3)  # fmt: skip
+    client = SubagentClient(
+        f"http://127.0.0.1:{free_port()}", "", timeout_s=30, cancelled=lambda: time.monotonic() - t0 > 0.3
+    )
     with pytest.raises(JobCancelled):
         client.episode({"subtask": "find x"})
     assert time.monotonic() - t0 < 1.5

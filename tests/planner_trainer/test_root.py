@@ -143,9 +143,21 @@ class Publishing(RootJob):
     def produce(self, step):
         self.rolled.append(step)
         rng = random.Random(f"{step}:{len(self.rolled)}")  # a second roll of a step differs
-        samples = [Sample("planner", f"q{i // 2}", Transcript([rng.randrange(300) for _ in range(9)],
-                          [rng.random() - 1 for _ in range(9)], [0, 0, 0, 1, 1, 1, 0, 1, 1], 3),
-                          math.nan if i == 1 else rng.random(), policy_version=step) for i in range(4)]  # fmt: skip
+        samples = [
+            Sample(
+                "planner",
+                f"q{i // 2}",
+                Transcript(
+                    [rng.randrange(300) for _ in range(9)],
+                    [rng.random() - 1 for _ in range(9)],
+                    [0, 0, 0, 1, 1, 1, 0, 1, 1],
+                    3,
+                ),
+                math.nan if i == 1 else rng.random(),
+                policy_version=step,
+            )
+            for i in range(4)
+        ]
         message = PlannerStepStats(job_id=self.job_id, step=step, policy_version=step, queries=[])
         self.publish_produced(
             step, [("planner_stats", message)], samples, {"planner/x": float(step)}, {"subagent": 6}

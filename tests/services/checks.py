@@ -99,8 +99,9 @@ def supervised(cluster: LocalCluster) -> Iterator[LocalCluster]:
 def api_only_cluster(run_dir: Path, redis_url: str, token: str, **env: str) -> Iterator[LocalCluster]:
     """The services as real processes without job workers (nothing trains: jobs stay queued). `env`:
     more settings, e.g. MGRPO_MAX_DATASET_BYTES="4000"."""
-    with LocalCluster(run_dir, redis_url=redis_url, api_token=token,
-                      extra_env={"MGRPO_RUN_WORKER": "false", **env}) as cluster:  # fmt: skip
+    with LocalCluster(
+        run_dir, redis_url=redis_url, api_token=token, extra_env={"MGRPO_RUN_WORKER": "false", **env}
+    ) as cluster:
         yield cluster
 
 

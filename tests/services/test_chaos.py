@@ -26,8 +26,14 @@ CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 TOKEN = "chaos-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
 TRIALS = 5
-JOB = {"steps": 3, "prompts_per_step": 2, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
-       "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
+JOB = {
+    "steps": 3,
+    "prompts_per_step": 2,
+    "rollouts_per_query": 4,
+    "subagent_slots_per_rollout": 3,
+    "partner_timeout_s": 300,
+    "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}},
+}
 
 
 def job_status(url, job_id):
@@ -59,8 +65,13 @@ def test_random_kills_lose_no_job_and_no_step(tmp_path):
         for trial in range(TRIALS):
             staleness = rng.choice([0, 1])
             job_id = f"chaos-{trial}"
-            r = httpx.post(f"{url}/v1/jobs", params={"job_id": job_id}, json={**JOB, "max_staleness": staleness},
-                           headers=H, timeout=30)  # fmt: skip
+            r = httpx.post(
+                f"{url}/v1/jobs",
+                params={"job_id": job_id},
+                json={**JOB, "max_staleness": staleness},
+                headers=H,
+                timeout=30,
+            )
             assert r.status_code == 201, r.text
             while job_status(url, job_id)["status"] == "queued":
                 time.sleep(0.2)

@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def mgrpo(*args, env=None, timeout=600, cwd=None, drop=()):
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop}
     full_env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+    )
 
 
 @pytest.mark.e2e
@@ -76,9 +82,24 @@ def test_marsrl_demo_end_to_end(tmp_path):
     the three role services, a marsrl job over REST, the V–C evaluation before/after with paired
     gains (per-problem outcomes in eval.json), files."""
     cache = ROOT / ".cache" / "mgrpo"
-    proc = mgrpo("demo", "--workflow", "marsrl", "--steps", "1", "--eval-questions", "20", "--warmstart-steps", "150",
-                 "--run-dir", "out", "--cache-dir", str(cache), cwd=tmp_path, drop=("REDIS_URL",),
-                 timeout=1100)  # fmt: skip  # it builds the MarsRL warm start: ~600 s on busy cores
+    proc = mgrpo(
+        "demo",
+        "--workflow",
+        "marsrl",
+        "--steps",
+        "1",
+        "--eval-questions",
+        "20",
+        "--warmstart-steps",
+        "150",
+        "--run-dir",
+        "out",
+        "--cache-dir",
+        str(cache),
+        cwd=tmp_path,
+        drop=("REDIS_URL",),
+        timeout=1100,
+    )  # it builds the MarsRL warm start: ~600 s on busy cores
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -112,7 +133,17 @@ def test_marsrl_demo_end_to_end(tmp_path):
 def test_warmstart_progress_lines_in_a_log(tmp_path):
     """Not a terminal (a log file): plain progress lines while the warm start trains and evaluates, each
     with its rate and ETA, and the losses; a second run finds it cached."""
-    args = ("warmstart", "--steps", "5", "--n-people", "60", "--eval-questions", "1", "--cache-dir", str(tmp_path))  # fmt: skip
+    args = (
+        "warmstart",
+        "--steps",
+        "5",
+        "--n-people",
+        "60",
+        "--eval-questions",
+        "1",
+        "--cache-dir",
+        str(tmp_path),
+    )
     proc = mgrpo(*args, env={"MGRPO_PROGRESS_EVERY_S": "0"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("warm start ")]
@@ -215,8 +246,14 @@ def test_torchrun_args_one_machine_or_several():
 
     assert torchrun_args(Settings(ranks=2))[2:4] == ["--standalone", "--nproc-per-node=2"]
     several = torchrun_args(Settings(ranks=1, nodes=3, node_rank=2, rendezvous="trainer-0.ranks:29400"))
-    assert several[2:] == ["--nnodes=3", "--node-rank=2", "--master-addr=trainer-0.ranks",
-                           "--master-port=29400", "--nproc-per-node=1", "--max-restarts=0"]  # fmt: skip
+    assert several[2:] == [
+        "--nnodes=3",
+        "--node-rank=2",
+        "--master-addr=trainer-0.ranks",
+        "--master-port=29400",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+    ]
 
 
 def test_train_rejects_a_bad_config_with_the_field_path(tmp_path):
@@ -233,8 +270,16 @@ def test_train_runs_a_small_job_in_the_foreground(tmp_path):
     cfg.write_text(
         "mode: co_train\nsteps: 1\nprompts_per_step: 2\nrollouts_per_query: 2\nn_people: 100\nwarmstart_steps: 5\n"
     )
-    proc = mgrpo("train", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
-                 drop=("REDIS_URL",))  # fmt: skip
+    proc = mgrpo(
+        "train",
+        "--config",
+        str(cfg),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        drop=("REDIS_URL",),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "succeeded" in proc.stdout
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
@@ -255,9 +300,26 @@ def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
     port = free_port_block(3)  # port + 1 from the ephemeral range was once taken by a client connection
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REDIS_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "local", "up", "--workflow", "marsrl", "--shared",
-                             "--port", str(port), "--run-dir", str(tmp_path / "run")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "local",
+            "up",
+            "--workflow",
+            "marsrl",
+            "--shared",
+            "--port",
+            str(port),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -291,8 +353,12 @@ def test_local_up_serves_the_workflow_roles_and_stops_on_sigterm(tmp_path):
 def example_tool_server():
     """examples/tool_server.py as the README starts it (uvicorn, a real process) on a free port."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", "examples", "tool_server:app",
-                             "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir", "examples", "tool_server:app", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}/tool"
     try:
         deadline = time.monotonic() + 60
@@ -339,8 +405,17 @@ def test_train_the_example_job_with_its_tool_server(tmp_path, example_tool_serve
     job |= {"steps": 1, "prompts_per_step": 2, "rollouts_per_query": 4}
     job["dataset"]["eval_queries"] = 4
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    proc = mgrpo("train", "-c", str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "out"),
-                 "--cache-dir", str(ROOT / ".cache" / "mgrpo"), cwd=ROOT, drop=("REDIS_URL",))  # fmt: skip
+    proc = mgrpo(
+        "train",
+        "-c",
+        str(tmp_path / "job.yaml"),
+        "--run-dir",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(ROOT / ".cache" / "mgrpo"),
+        cwd=ROOT,
+        drop=("REDIS_URL",),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "held-out success (4 rows of split test):" in proc.stdout and "succeeded" in proc.stdout
     (row,) = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

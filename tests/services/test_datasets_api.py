@@ -71,8 +71,13 @@ def test_cli_upload_and_list(api, tmp_path):
     }
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "services.cli", "dataset", *args], capture_output=True,
-                              text=True, env=env, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli", "dataset", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
 
     up = cli("upload", str(path))
     assert up.returncode == 0, up.stdout + up.stderr
@@ -129,8 +134,10 @@ def test_a_job_must_name_a_dataset_and_splits_that_exist(api, tmp_path):
         assert r.status_code == 422, r.text
         (err,) = r.json()["detail"]
         assert err["loc"] == loc and says in err["msg"], err
-    for reward, loc, says in (({"kind": "oracle"}, ["body", "reward", "kind"], "'judge'"),
-                              ({"kind": "judge"}, ["body", "reward"], "judge_path")):  # fmt: skip
+    for reward, loc, says in (
+        ({"kind": "oracle"}, ["body", "reward", "kind"], "'judge'"),
+        ({"kind": "judge"}, ["body", "reward"], "judge_path"),
+    ):
         bad_reward = api.post("/v1/jobs", json={"dataset": {"source": ds}, "reward": reward}, headers=H)
         assert bad_reward.status_code == 422, bad_reward.text
         (err,) = bad_reward.json()["detail"]

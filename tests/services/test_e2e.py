@@ -38,8 +38,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "mgrpo"
 TOKEN = "test-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
-SMALL = {"steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
-         "partner_timeout_s": 120, "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
+SMALL = {
+    "steps": 2,
+    "prompts_per_step": 2,
+    "rollouts_per_query": 4,
+    "subagent_slots_per_rollout": 3,
+    "partner_timeout_s": 120,
+    "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +61,12 @@ def cluster(redis_url, tmp_path_factory, warm):
         ROOT,
         *filter(None, [os.environ.get("PYTHONPATH")]),
     ]
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), redis_url=redis_url, api_token=TOKEN,
-                     extra_env={"MGRPO_CACHE_DIR": str(CACHE), "PYTHONPATH": os.pathsep.join(map(str, paths))})  # fmt: skip
+    c = LocalCluster(
+        tmp_path_factory.mktemp("cluster"),
+        redis_url=redis_url,
+        api_token=TOKEN,
+        extra_env={"MGRPO_CACHE_DIR": str(CACHE), "PYTHONPATH": os.pathsep.join(map(str, paths))},
+    )
     with c:
         yield c
 
@@ -161,17 +171,34 @@ def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):
     some), uploaded over REST; the user's reward endpoint scores every answer; the held-out split is
     evaluated before and after; both roles train."""
     world = job_task(JobConfig()).world
-    rows = [{"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind": q.kind}}
-            for split, qs in (("train", make_questions(world, "train", 2, 16, seed=5)),
-                              ("test", make_questions(world, "heldout", 2, 6, seed=5))) for q in qs]  # fmt: skip
-    up = httpx.post(f"{cluster.url('controller')}/v1/datasets", content="\n".join(json.dumps(r) for r in rows),
-                    headers=H, params={"name": "my-questions"}, timeout=30)  # fmt: skip
+    rows = [
+        {"query": q.text, "answer": q.answer, "split": split, "metadata": {"kind": q.kind}}
+        for split, qs in (
+            ("train", make_questions(world, "train", 2, 16, seed=5)),
+            ("test", make_questions(world, "heldout", 2, 6, seed=5)),
+        )
+        for q in qs
+    ]
+    up = httpx.post(
+        f"{cluster.url('controller')}/v1/datasets",
+        content="\n".join(json.dumps(r) for r in rows),
+        headers=H,
+        params={"name": "my-questions"},
+        timeout=30,
+    )
     assert up.status_code in (200, 201), up.text
     reward = RewardServer()
     try:
-        job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "rollouts_per_query": 8,
-                                  "dataset": {"source": up.json()["dataset_id"], "eval_split": "test"},
-                                  "reward": {"kind": "http", "url": reward.url}})  # fmt: skip
+        job_id = submit(
+            cluster,
+            {
+                **SMALL,
+                "prompts_per_step": 4,
+                "rollouts_per_query": 8,
+                "dataset": {"source": up.json()["dataset_id"], "eval_split": "test"},
+                "reward": {"kind": "http", "url": reward.url},
+            },
+        )
         job = wait(cluster, job_id)
     finally:
         reward.server.shutdown()
@@ -196,10 +223,22 @@ def test_a_sub_agent_on_a_chat_model_and_a_judge_reward(cluster, store, warm, tm
     and every recorded episode starts with the template's prompt and the role's tool schemas."""
     path = chat_model_folder(tmp_path / "chat", TEMPLATES["qwen2.5"], seed=1, eos_logit=10)
     judge = chat_model_folder(tmp_path / "judge", TEMPLATES["qwen3"], seed=7)
-    job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "reward": {"kind": "judge", "judge_path": str(judge)},
-                              "roles": {**SMALL["roles"], "subagent": {
-        "model": {"path": str(path), "max_new_tokens_per_turn": 48, "max_context_tokens": 1024},
-        "optim": {"lr": 1e-3}, "tools": [{"name": "search"}, {"name": "open"}, {"name": "calculator"}]}}})  # fmt: skip
+    job_id = submit(
+        cluster,
+        {
+            **SMALL,
+            "prompts_per_step": 4,
+            "reward": {"kind": "judge", "judge_path": str(judge)},
+            "roles": {
+                **SMALL["roles"],
+                "subagent": {
+                    "model": {"path": str(path), "max_new_tokens_per_turn": 48, "max_context_tokens": 1024},
+                    "optim": {"lr": 1e-3},
+                    "tools": [{"name": "search"}, {"name": "open"}, {"name": "calculator"}],
+                },
+            },
+        },
+    )
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
     records = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
@@ -246,9 +285,21 @@ def test_a_plugin_workflow(cluster):
 def test_http_tools_that_fail_are_counted_and_the_job_goes_on(cluster):
     tools = FlakyToolServer(alive_calls=60)
     spec = {"kind": "http", "url": tools.url, "timeout_s": 0.5, "retries": 0}
-    job_id = submit(cluster, {**SMALL, "prompts_per_step": 4, "rollouts_per_query": 4,
-                              "roles": {**SMALL["roles"], "subagent": {**SMALL["roles"]["subagent"], "tools": [
-                                  {"name": "search", **spec}, {"name": "open", **spec}]}}})  # fmt: skip
+    job_id = submit(
+        cluster,
+        {
+            **SMALL,
+            "prompts_per_step": 4,
+            "rollouts_per_query": 4,
+            "roles": {
+                **SMALL["roles"],
+                "subagent": {
+                    **SMALL["roles"]["subagent"],
+                    "tools": [{"name": "search", **spec}, {"name": "open", **spec}],
+                },
+            },
+        },
+    )
     job = wait(cluster, job_id)
     tools.server.shutdown()
     assert job["status"] == "succeeded", job["reason"]
@@ -466,14 +517,20 @@ def test_rollouts_through_sglang_servers(tmp_path, warm):
     from mgrpo.models import load
     from tests.mgrpo.sglang_standin import StandIn
 
-    engines = {role: HFEngine(*load(path)) for role, path in (("planner", warm.planner_path),
-                                                              ("subagent", warm.subagent_path))}  # fmt: skip
+    engines = {
+        role: HFEngine(*load(path))
+        for role, path in (("planner", warm.planner_path), ("subagent", warm.subagent_path))
+    }
     servers = {role: StandIn(e) for role, e in engines.items()}
     try:
         urls = {role: s.__enter__() for role, s in servers.items()}
         # its own embedded Redis: the module's cluster also takes jobs from the shared one's dispatch stream
-        c = LocalCluster(tmp_path, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
-                         role_env={r: {"MGRPO_SGLANG_URL": u} for r, u in urls.items()})  # fmt: skip
+        c = LocalCluster(
+            tmp_path,
+            api_token=TOKEN,
+            extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+            role_env={r: {"MGRPO_SGLANG_URL": u} for r, u in urls.items()},
+        )
         with c:
             job_id = submit(c, SMALL)
             job = wait(c, job_id)

@@ -39,8 +39,14 @@ def test_generate_one_prompt_or_a_batch_with_per_prompt_params(client, tiny_mode
     pb = tokenizer.encode("Dodus is", add_special_tokens=False)
     one = client.post("/generate", json={"input_ids": pa, "sampling_params": {"max_new_tokens": 3}}).json()
     assert isinstance(one, dict) and len(one["output_ids"]) == 3
-    body = {"input_ids": [pa, pb], "return_logprob": True,
-            "sampling_params": [{"max_new_tokens": 2, "sampling_seed": 1}, {"max_new_tokens": 5, "sampling_seed": 2}]}  # fmt: skip
+    body = {
+        "input_ids": [pa, pb],
+        "return_logprob": True,
+        "sampling_params": [
+            {"max_new_tokens": 2, "sampling_seed": 1},
+            {"max_new_tokens": 5, "sampling_seed": 2},
+        ],
+    }
     out = client.post("/generate", json=body).json()
     assert [len(o["output_ids"]) for o in out] == [2, 5]
     assert {o["meta_info"]["weight_version"] for o in out} == {"4"}
@@ -115,8 +121,20 @@ def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tin
     flattened buckets: both over a real gloo group."""
     folder = save(build_model("tiny", tokenizer, seed=5), tokenizer, tmp_path / "served")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "engine", str(folder), "--host", "127.0.0.1",
-                             "--port", str(port)], cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "engine",
+            str(folder),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+    )
     url = f"http://127.0.0.1:{port}"
     eng = None
     try:
@@ -127,8 +145,11 @@ def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tin
         eng = SGLangEngine(url, weight_sync="distributed", sync_host="127.0.0.1", weight_bucket_mb=0.1)
         prompt = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
         long: list = []
-        runner = threading.Thread(target=lambda: long.extend(  # 32 rows: some run to 400 tokens (no EOS)
-            eng.generate([prompt] * 32, SamplingParams(max_new_tokens=400))))  # fmt: skip
+        runner = threading.Thread(
+            target=lambda: long.extend(  # 32 rows: some run to 400 tokens (no EOS)
+                eng.generate([prompt] * 32, SamplingParams(max_new_tokens=400))
+            )
+        )
         runner.start()
         time.sleep(0.5)  # the long row is decoding
         trained = build_model("tiny", tokenizer, seed=9)
@@ -163,9 +184,16 @@ def test_a_policy_pushed_in_buckets_is_served_only_once_every_bucket_came(tiny_m
     try:
         for bucket, last in ((named[:7], False), (named[7:], True)):
             sent.append(flatten_bytes([p for _, p in bucket]))
-            out = server.update_distributed(DistributedUpdate(
-                names=[n for n, _ in bucket], dtypes=["float32"] * len(bucket), shapes=[list(p.shape) for _, p in bucket],
-                group_name="g", weight_version="2", load_format="flattened_bucket"))  # fmt: skip
+            out = server.update_distributed(
+                DistributedUpdate(
+                    names=[n for n, _ in bucket],
+                    dtypes=["float32"] * len(bucket),
+                    shapes=[list(p.shape) for _, p in bucket],
+                    group_name="g",
+                    weight_version="2",
+                    load_format="flattened_bucket",
+                )
+            )
             assert out["success"] and not sent
             (got,) = engine.generate([prompt], SamplingParams(max_new_tokens=3, seed=1))
             assert got.weights_version == (2 if last else 1)

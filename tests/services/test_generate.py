@@ -83,8 +83,11 @@ def chat_app(redis_url, job_id):
     store = Store.connect(redis_url)
     store.capabilities.issue_secret(job_id)
     served = []
-    job = SimpleNamespace(job_id=job_id, store=store,
-                          chat_completion=lambda session, body: served.append(session) or {"object": "chat.completion"})  # fmt: skip
+    job = SimpleNamespace(
+        job_id=job_id,
+        store=store,
+        chat_completion=lambda session, body: served.append(session) or {"object": "chat.completion"},
+    )
     app = FastAPI()
     install_common(app, "searcher")
     add_chat_routes(app, "searcher", lambda _request: job)
@@ -105,8 +108,11 @@ def test_a_session_call_needs_its_rollouts_capability(chat_app, job_id):
             "/v1/s/2.q7.1/chat/completions", json=msg, headers={"Authorization": f"Bearer {token}"}
         )
         assert r.status_code == 403 and "capability" in r.json()["detail"], r.text
-        r = client.post("/v1/chat/completions", json={**msg, "user": "2.q7.1"},
-                        headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        r = client.post(
+            "/v1/chat/completions",
+            json={**msg, "user": "2.q7.1"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
         assert r.status_code == 403, r.text
     assert served == []
     r = client.post("/v1/s/2.q7.1/chat/completions", json=msg, headers={"Authorization": f"Bearer {own}"})

@@ -37,15 +37,24 @@ def test_engine_and_update_on_cuda(tokenizer_and_model_on_cuda):
         samples = engine.generate(prompts, SamplingParams(max_new_tokens=16, seed=1))
     finally:
         engine.close()
-    trs = [Transcript(p + s.token_ids, [0.0] * len(p) + s.logprobs, [0] * len(p) + [1] * len(s.token_ids), len(p))
-           for p, s in zip(prompts, samples, strict=True)]  # fmt: skip
+    trs = [
+        Transcript(
+            p + s.token_ids, [0.0] * len(p) + s.logprobs, [0] * len(p) + [1] * len(s.token_ids), len(p)
+        )
+        for p, s in zip(prompts, samples, strict=True)
+    ]
     b = collate(trs, int(tok.pad_token_id)).to(model.device)
     with torch.no_grad():
         lp = token_logprobs(model, b.input_ids, b.attention_mask)
     assert float(((lp - b.logp_old).abs() * b.loss_mask).max()) < 1e-3
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    m = ppo_update(model, opt, [(t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trs)], UpdateSettings(),
-                   pad_id=int(tok.pad_token_id))  # fmt: skip
+    m = ppo_update(
+        model,
+        opt,
+        [(t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trs)],
+        UpdateSettings(),
+        pad_id=int(tok.pad_token_id),
+    )
     assert m["approx_kl"] < 1e-4 and m["grad_norm"] > 0
 
 

@@ -25,10 +25,23 @@ CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 TOKEN = "test-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
 ROLES = ("solver", "verifier", "corrector")
-JOB = {"workflow": "marsrl", "steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4, "warmstart_steps": 150,
-       "partner_timeout_s": 120, "roles": {r: {"optim": {"lr": 1e-3}} for r in ROLES}}  # fmt: skip
-SHARED = {**JOB, "roles": {"solver": {"optim": {"lr": 1e-3}}, "verifier": {"share_model_with": "solver"},
-                           "corrector": {"share_model_with": "solver"}}}  # fmt: skip
+JOB = {
+    "workflow": "marsrl",
+    "steps": 2,
+    "prompts_per_step": 2,
+    "rollouts_per_query": 4,
+    "warmstart_steps": 150,
+    "partner_timeout_s": 120,
+    "roles": {r: {"optim": {"lr": 1e-3}} for r in ROLES},
+}
+SHARED = {
+    **JOB,
+    "roles": {
+        "solver": {"optim": {"lr": 1e-3}},
+        "verifier": {"share_model_with": "solver"},
+        "corrector": {"share_model_with": "solver"},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +53,12 @@ def warm():
 def cluster(tmp_path_factory, warm):
     # its own embedded Redis: the roles' dispatch streams are global, and another module's cluster may
     # also serve a solver
-    c = LocalCluster(tmp_path_factory.mktemp("marsrl"), api_token=TOKEN, roles=ROLES,
-                     extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    c = LocalCluster(
+        tmp_path_factory.mktemp("marsrl"),
+        api_token=TOKEN,
+        roles=ROLES,
+        extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+    )
     with c:
         yield c
 

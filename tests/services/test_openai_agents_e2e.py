@@ -47,20 +47,29 @@ def cluster(tmp_path_factory):
 
 
 def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
-    models = {r: chat_model_folder(tmp_path / r, TEMPLATES["qwen2.5" if r != "comparer" else "qwen3"], seed=i)
-              for i, r in enumerate(ROLES)}  # fmt: skip
+    models = {
+        r: chat_model_folder(tmp_path / r, TEMPLATES["qwen2.5" if r != "comparer" else "qwen3"], seed=i)
+        for i, r in enumerate(ROLES)
+    }
     reward = ShortAnswers()
-    job = {"workflow": "openai_agents", "steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4,
-           "subagent_slots_per_rollout": 2, "program": {"entry_point": "examples.openai_agent.agent:run"},
-           "reward": {"kind": "http", "url": reward.url},
-           "roles": {r: {"model": {"path": str(p)}, "optim": {"lr": 1e-3}} for r, p in models.items()}}  # fmt: skip
+    job = {
+        "workflow": "openai_agents",
+        "steps": 2,
+        "prompts_per_step": 2,
+        "rollouts_per_query": 4,
+        "subagent_slots_per_rollout": 2,
+        "program": {"entry_point": "examples.openai_agent.agent:run"},
+        "reward": {"kind": "http", "url": reward.url},
+        "roles": {r: {"model": {"path": str(p)}, "optim": {"lr": 1e-3}} for r, p in models.items()},
+    }
     try:
         r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=job, headers=H, timeout=30)
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
         deadline = time.monotonic() + 600
-        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
-            "queued", "running"):  # fmt: skip
+        while (
+            view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json()
+        )["status"] in ("queued", "running"):
             assert time.monotonic() < deadline, view
             time.sleep(0.5)
     finally:
@@ -88,13 +97,18 @@ def test_chat_completions_are_openai_compatible_and_need_the_token(cluster):
     base = f"{cluster.url('searcher')}/v1"
     with pytest.raises(AuthenticationError):
         OpenAI(base_url=base, api_key="wrong", max_retries=0).chat.completions.create(
-            model="searcher", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+            model="searcher", messages=[{"role": "user", "content": "hi"}]
+        )
     r = httpx.post(
         f"{base}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10
     )
     assert r.status_code == 401
-    r = httpx.post(f"{base}/s/0.q0.0/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
-                   headers=H, timeout=10)  # fmt: skip
+    r = httpx.post(
+        f"{base}/s/0.q0.0/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}]},
+        headers=H,
+        timeout=10,
+    )
     assert r.status_code == 409 and "openai_agents" in r.json()["detail"]  # no job running now
     r = httpx.post(f"{base}/s/not-a-session/chat/completions", json={"messages": []}, headers=H, timeout=10)
     assert r.status_code == 422

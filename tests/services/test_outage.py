@@ -72,8 +72,9 @@ def test_a_worker_waits_out_an_outage_and_runs_the_next_job(tmp_path):
 def test_the_api_answers_503_while_the_store_is_away(tmp_path):
     server = RedisServer(tmp_path / "redis", appendonly=True)
     server.start()
-    cluster = LocalCluster(tmp_path / "api", redis_url=server.url, roles=(),
-                           extra_env={"MGRPO_RUN_WORKER": "false"})  # fmt: skip
+    cluster = LocalCluster(
+        tmp_path / "api", redis_url=server.url, roles=(), extra_env={"MGRPO_RUN_WORKER": "false"}
+    )
     try:
         with cluster:
             url = cluster.url("controller")

@@ -41,15 +41,30 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1200)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 TOKEN = "ranks-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
-JOB = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slots_per_rollout": 3,
-       "partner_timeout_s": 300, "roles": {"planner": {"optim": {"lr": 1e-3, "microbatch_tokens": 1024}}, "subagent": {"optim": {"lr": 1e-3}}}}  # fmt: skip
+JOB = {
+    "steps": 2,
+    "prompts_per_step": 4,
+    "rollouts_per_query": 4,
+    "subagent_slots_per_rollout": 3,
+    "partner_timeout_s": 300,
+    "roles": {
+        "planner": {"optim": {"lr": 1e-3, "microbatch_tokens": 1024}},
+        "subagent": {"optim": {"lr": 1e-3}},
+    },
+}
 
 
 def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
     warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
-    cluster = LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, ranks={"subagent": 2},
-                           nodes={"planner": 2}, role_env={"planner": {"MGRPO_BACKEND": "megatron", "MGRPO_PIPELINE_STAGES": "2"}},
-                           extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    cluster = LocalCluster(
+        tmp_path,
+        redis_url=redis_url,
+        api_token=TOKEN,
+        ranks={"subagent": 2},
+        nodes={"planner": 2},
+        role_env={"planner": {"MGRPO_BACKEND": "megatron", "MGRPO_PIPELINE_STAGES": "2"}},
+        extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+    )
     with supervised(cluster):
         store, url = Store.connect(cluster.redis_url), cluster.url("controller")
         node = httpx.get(f"{cluster.url('planner@1')}/readyz", timeout=5).json()
@@ -116,11 +131,30 @@ def upcycled(dense_path: str | Path, out: Path, experts: int = 4) -> Path:
 
     dense = AutoModelForCausalLM.from_pretrained(dense_path)
     c = dense.config
-    cfg = Qwen3MoeConfig(**{k: getattr(c, k) for k in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps",
-        "pad_token_id", "bos_token_id", "eos_token_id")},
-        moe_intermediate_size=c.intermediate_size, num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True)  # fmt: skip
+    cfg = Qwen3MoeConfig(
+        **{
+            k: getattr(c, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "max_position_embeddings",
+                "tie_word_embeddings",
+                "rms_norm_eps",
+                "pad_token_id",
+                "bos_token_id",
+                "eos_token_id",
+            )
+        },
+        moe_intermediate_size=c.intermediate_size,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+    )
     torch.manual_seed(0)
     moe = AutoModelForCausalLM.from_config(cfg)
     weights = dense.state_dict()
@@ -142,9 +176,14 @@ def upcycled(dense_path: str | Path, out: Path, experts: int = 4) -> Path:
 def test_a_mixture_of_experts_planner_trains_with_its_experts_over_two_ranks(tmp_path, redis_url):
     warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
     path = upcycled(warm.planner_path, tmp_path / "planner-moe")
-    cluster = LocalCluster(tmp_path / "run", redis_url=redis_url, api_token=TOKEN, ranks={"planner": 2},
-                           role_env={"planner": {"MGRPO_BACKEND": "megatron"}},
-                           extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    cluster = LocalCluster(
+        tmp_path / "run",
+        redis_url=redis_url,
+        api_token=TOKEN,
+        ranks={"planner": 2},
+        role_env={"planner": {"MGRPO_BACKEND": "megatron"}},
+        extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+    )
     job = {**JOB, "roles": {"planner": {"model": {"path": str(path)}, "optim": {"lr": 1e-3}}}}
     with supervised(cluster):
         url = cluster.url("controller")

@@ -21,8 +21,13 @@ def bearer(token):
 
 @pytest.fixture(scope="module")
 def cluster(redis_url, tmp_path_factory):
-    with api_only_cluster(tmp_path_factory.mktemp("scopes"), redis_url, ADMIN,
-                          MGRPO_READ_TOKEN=READ, MGRPO_SERVICE_TOKEN=SERVICE) as c:  # fmt: skip
+    with api_only_cluster(
+        tmp_path_factory.mktemp("scopes"),
+        redis_url,
+        ADMIN,
+        MGRPO_READ_TOKEN=READ,
+        MGRPO_SERVICE_TOKEN=SERVICE,
+    ) as c:
         yield c
 
 
@@ -59,8 +64,13 @@ def test_a_users_token_cannot_write_episodes(cluster):
 
 
 def test_reads_can_be_opened_for_local_use(redis_url, tmp_path):
-    with LocalCluster(tmp_path, redis_url=redis_url, api_token=ADMIN, roles=(),
-                      extra_env={"MGRPO_RUN_WORKER": "false", "MGRPO_OPEN_READS": "true"}) as c:  # fmt: skip
+    with LocalCluster(
+        tmp_path,
+        redis_url=redis_url,
+        api_token=ADMIN,
+        roles=(),
+        extra_env={"MGRPO_RUN_WORKER": "false", "MGRPO_OPEN_READS": "true"},
+    ) as c:
         url = c.url("controller")
         assert httpx.get(f"{url}/v1/jobs", timeout=10).status_code == 200
         assert httpx.post(f"{url}/v1/jobs", json=JOB, timeout=10).status_code == 401

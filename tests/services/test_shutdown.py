@@ -18,8 +18,13 @@ H = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_sigterm_stops_each_service_within_2_s_with_a_stream_open(redis_url, tmp_path):
-    with LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, roles=("planner",),
-                      extra_env={"MGRPO_RUN_WORKER": "false"}) as cluster:  # fmt: skip
+    with LocalCluster(
+        tmp_path,
+        redis_url=redis_url,
+        api_token=TOKEN,
+        roles=("planner",),
+        extra_env={"MGRPO_RUN_WORKER": "false"},
+    ) as cluster:
         url = cluster.url("controller")
         job_id = httpx.post(f"{url}/v1/jobs", json={"steps": 1}, headers=H, timeout=30).json()["job_id"]
         opened = threading.Event()

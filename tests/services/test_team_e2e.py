@@ -33,9 +33,15 @@ TOKEN = "test-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
 ROLES = ("planner", "searcher", "comparer")
 K, D = 4, 2
-JOB = {"workflow": "deep_research_team", "steps": 2, "prompts_per_step": 5, "rollouts_per_query": K,
-       "subagent_slots_per_rollout": D, "partner_timeout_s": 120,
-       "roles": {r: {"optim": {"lr": 1e-4 if r == "planner" else 1e-3}} for r in ROLES}}  # fmt: skip
+JOB = {
+    "workflow": "deep_research_team",
+    "steps": 2,
+    "prompts_per_step": 5,
+    "rollouts_per_query": K,
+    "subagent_slots_per_rollout": D,
+    "partner_timeout_s": 120,
+    "roles": {r: {"optim": {"lr": 1e-4 if r == "planner" else 1e-3}} for r in ROLES},
+}
 # the planner at lr 1e-4: the step-1 statistics read below come after its first update, which at 1e-3
 # once stopped every delegation to the comparer (a clean clone, 2026-12-03)
 
@@ -48,8 +54,12 @@ def warm():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, warm):
     # its own embedded Redis: the deep-research module's planner also consumes the planner dispatch stream
-    c = LocalCluster(tmp_path_factory.mktemp("team"), api_token=TOKEN, roles=ROLES,
-                     extra_env={"MGRPO_CACHE_DIR": str(CACHE)})  # fmt: skip
+    c = LocalCluster(
+        tmp_path_factory.mktemp("team"),
+        api_token=TOKEN,
+        roles=ROLES,
+        extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+    )
     with c:
         yield c
 
@@ -76,9 +86,14 @@ def test_two_kinds_of_sub_agents_each_aligned_to_k_d(cluster, warm):
         values = next(m for m in records if m["role"] == role and m["step"] == 1)["values"]
         assert values[f"{role}/samples"] == len(with_episodes) * K * D  # its own K·D per query
     trained = [
-        assert_updated(role, warm.folder / role, sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1], records)
+        assert_updated(
+            role,
+            warm.folder / role,
+            sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1],
+            records,
+        )
         for role in ROLES
-    ]  # fmt: skip
+    ]
     assert any(trained), "no role had a gradient in either step"
 
 
@@ -92,7 +107,8 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
     job = JobConfig.model_validate(JOB)
     world = job_task(job).world
     questions = [("train", q) for q in make_questions(world, "train", 2, 15, seed=3)] + [
-        ("test", q) for q in make_questions(world, "heldout", 2, 5, seed=3)]  # fmt: skip
+        ("test", q) for q in make_questions(world, "heldout", 2, 5, seed=3)
+    ]
     rows = "\n".join(json.dumps({"query": q.text, "answer": q.answer, "split": s}) for s, q in questions)
     up = httpx.post(f"{cluster.url('controller')}/v1/datasets", content=rows, headers=H, timeout=30)
     assert up.status_code in (200, 201), up.text
@@ -111,19 +127,29 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
     chat = {"max_new_tokens_per_turn": 48, "max_context_tokens": 1024}
     # One step: its planner is the warm start's, which delegates comparisons; after an update it may
     # not in the last step, whose episodes are the only ones kept (a clean-clone run failed so at 2).
-    config = {**JOB, "steps": 1, "prompts_per_step": 10, "dataset": {"source": up.json()["dataset_id"], "eval_queries": 5},
-              "reward": {"kind": "http", "url": reward.url},
-              "roles": {"planner": {"optim": {"lr": 1e-4}},
-                        "searcher": {"optim": {"lr": 1e-3},
-                                     "tools": [{"name": "search", **http_tool}, {"name": "open", **http_tool}]},
-                        "comparer": {"model": {"path": str(paths["comparer"]), **chat}, "optim": {"lr": 1e-3}}}}  # fmt: skip
+    config = {
+        **JOB,
+        "steps": 1,
+        "prompts_per_step": 10,
+        "dataset": {"source": up.json()["dataset_id"], "eval_queries": 5},
+        "reward": {"kind": "http", "url": reward.url},
+        "roles": {
+            "planner": {"optim": {"lr": 1e-4}},
+            "searcher": {
+                "optim": {"lr": 1e-3},
+                "tools": [{"name": "search", **http_tool}, {"name": "open", **http_tool}],
+            },
+            "comparer": {"model": {"path": str(paths["comparer"]), **chat}, "optim": {"lr": 1e-3}},
+        },
+    }
     try:
         r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=config, headers=H, timeout=30)
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
         deadline = time.monotonic() + 900
-        while (view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] in (
-            "queued", "running"):  # fmt: skip
+        while (
+            view := httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}", headers=H, timeout=10).json()
+        )["status"] in ("queued", "running"):
             assert time.monotonic() < deadline, view
             time.sleep(0.5)
     finally:

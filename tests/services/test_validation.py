@@ -30,16 +30,44 @@ def api(redis_url, tmp_path_factory):
 @pytest.mark.parametrize(
     ("body", "loc", "says"),
     [
-        (JOB % '"roles": {"planner": {"optim": {"lr": NaN}}}', ["body", "roles", "planner", "optim", "lr"], "finite"),
-        (JOB % '"roles": {"planner": {"optim": {"lr": Infinity}}}', ["body", "roles", "planner", "optim", "lr"], "finite"),
-        (JOB % '"reward": {"kind": "numeric", "numeric_rel_tol": -Infinity}', ["body", "reward", "numeric_rel_tol"], "finite"),
-        (JOB % ('"roles": {"planner": {"model": {"preset": "%s"}}}' % ("x" * 10_000_000)), ["body", "roles", "planner", "model", "preset"], "at most 32"),
-        (JOB % '"roles": {"subagent": {"model": {"preset": "huge"}}}', ["body", "roles", "subagent", "model"], "unknown preset 'huge'"),
-        ('{"steps": 20, "prompts_per_step": 8, "rollouts_per_query": 64}', ["body", "steps"], "MGRPO_MAX_JOB_ROLLOUTS"),
-        (JOB % '"roles": {"subagent": {"model": {"preset": "tiny-wide", "max_context_tokens": 4096}}}', ["body", "roles", "subagent", "model", "max_context_tokens"], "MGRPO_MAX_CONTEXT_TOKENS"),
+        (
+            JOB % '"roles": {"planner": {"optim": {"lr": NaN}}}',
+            ["body", "roles", "planner", "optim", "lr"],
+            "finite",
+        ),
+        (
+            JOB % '"roles": {"planner": {"optim": {"lr": Infinity}}}',
+            ["body", "roles", "planner", "optim", "lr"],
+            "finite",
+        ),
+        (
+            JOB % '"reward": {"kind": "numeric", "numeric_rel_tol": -Infinity}',
+            ["body", "reward", "numeric_rel_tol"],
+            "finite",
+        ),
+        (
+            JOB % ('"roles": {"planner": {"model": {"preset": "%s"}}}' % ("x" * 10_000_000)),
+            ["body", "roles", "planner", "model", "preset"],
+            "at most 32",
+        ),
+        (
+            JOB % '"roles": {"subagent": {"model": {"preset": "huge"}}}',
+            ["body", "roles", "subagent", "model"],
+            "unknown preset 'huge'",
+        ),
+        (
+            '{"steps": 20, "prompts_per_step": 8, "rollouts_per_query": 64}',
+            ["body", "steps"],
+            "MGRPO_MAX_JOB_ROLLOUTS",
+        ),
+        (
+            JOB % '"roles": {"subagent": {"model": {"preset": "tiny-wide", "max_context_tokens": 4096}}}',
+            ["body", "roles", "subagent", "model", "max_context_tokens"],
+            "MGRPO_MAX_CONTEXT_TOKENS",
+        ),
     ],
     ids=["nan", "infinity", "minus-infinity", "10MB-string", "unknown-preset", "oversized", "long-context"],
-)  # fmt: skip
+)
 def test_a_bad_job_is_a_short_422_and_stores_nothing(api, redis_url, body, loc, says):
     before = Store.connect(redis_url).jobs.list(limit=1)[1]
     r = api.post("/v1/jobs", content=body, headers=H)

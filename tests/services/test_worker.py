@@ -126,8 +126,12 @@ def test_a_trainer_that_loses_a_rank_exits_and_leaves_the_job_to_resume(store, t
     import sys
 
     url = store.client.connection_pool.connection_kwargs
-    proc = subprocess.run([sys.executable, "-c", LOSE_A_RANK, f"redis://{url['host']}:{url['port']}/0"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", LOSE_A_RANK, f"redis://{url['host']}:{url['port']}/0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     assert "lost a rank" in proc.stderr
     assert store.jobs.get("job-w").status == "running"  # not failed

@@ -26,8 +26,12 @@ def test_a_capability_opens_its_own_rollout_only(caps, job_id):
     caps.issue_secret(job_id)
     token = caps.sign(job_id, 3, "q1", 2)
     caps.check(token, job_id, 3, "q1", 2)
-    for job, step, query, rollout in [(job_id, 4, "q1", 2), (job_id, 3, "q2", 2), (job_id, 3, "q1", 1),
-                                      (f"{job_id}-other", 3, "q1", 2)]:  # fmt: skip
+    for job, step, query, rollout in [
+        (job_id, 4, "q1", 2),
+        (job_id, 3, "q2", 2),
+        (job_id, 3, "q1", 1),
+        (f"{job_id}-other", 3, "q1", 2),
+    ]:
         caps.issue_secret(job)
         with pytest.raises(CapabilityError, match="only for the delegations"):
             caps.check(token, job, step, query, rollout)

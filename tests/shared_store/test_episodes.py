@@ -16,8 +16,18 @@ def write(store, job_id, step, n=3, tokens=50, seed=0):
         arr = EpisodeArrays.of(
             rng.integers(0, 50_000, tokens), rng.standard_normal(tokens), rng.integers(0, 2, tokens)
         )
-        meta = EpisodeMeta(job_id=job_id, step=step, policy_version=1, episode_id=eid, query_id="q0",
-                           rollout=0, call=call, n_tokens=0, subtask="who", result="x")  # fmt: skip
+        meta = EpisodeMeta(
+            job_id=job_id,
+            step=step,
+            policy_version=1,
+            episode_id=eid,
+            query_id="q0",
+            rollout=0,
+            call=call,
+            n_tokens=0,
+            subtask="who",
+            result="x",
+        )
         out.append((store.episodes.put(meta, arr), arr))
     return out
 
@@ -63,11 +73,22 @@ def test_delete_step(store, job_id):
 
 def test_an_episode_id_is_written_once(store, job_id):
     first = EpisodeArrays.of(np.arange(5), np.zeros(5), np.ones(5))
-    meta = EpisodeMeta(job_id=job_id, step=2, policy_version=1, episode_id=episode_id(2, "g", 0, 0), query_id="g",
-                       rollout=0, call=0, n_tokens=0, result="first")  # fmt: skip
+    meta = EpisodeMeta(
+        job_id=job_id,
+        step=2,
+        policy_version=1,
+        episode_id=episode_id(2, "g", 0, 0),
+        query_id="g",
+        rollout=0,
+        call=0,
+        n_tokens=0,
+        result="first",
+    )
     written, created = store.episodes.put_once(meta, first)
     assert created and written.result == "first"
-    again, created = store.episodes.put_once(meta.model_copy(update={"result": "second"}), EpisodeArrays.of(np.arange(9), np.zeros(9), np.ones(9)))  # fmt: skip
+    again, created = store.episodes.put_once(
+        meta.model_copy(update={"result": "second"}), EpisodeArrays.of(np.arange(9), np.zeros(9), np.ones(9))
+    )
     assert not created and again.result == "first" and again.n_tokens == 5  # the replay gets the recorded one
     ((got_meta, got_arr),) = store.episodes.get_many(job_id, 2, [meta.episode_id])
     assert got_meta.result == "first" and got_arr.token_ids.tolist() == list(range(5))

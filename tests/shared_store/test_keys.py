@@ -4,8 +4,17 @@ from shared_store import keys
 
 
 def test_job_keys_share_one_hash_tag():
-    ks = [keys.job("j1"), keys.stream("j1", "events"), keys.step_episodes("j1", 0), keys.ledger("j1"),
-          keys.policy("j1"), keys.step_record("j1", "batch.verifier", 3), keys.checkpoints("j1"), keys.dead_letter(keys.stream("j1", "events")), keys.dispatch_lock("j1")]  # fmt: skip
+    ks = [
+        keys.job("j1"),
+        keys.stream("j1", "events"),
+        keys.step_episodes("j1", 0),
+        keys.ledger("j1"),
+        keys.policy("j1"),
+        keys.step_record("j1", "batch.verifier", 3),
+        keys.checkpoints("j1"),
+        keys.dead_letter(keys.stream("j1", "events")),
+        keys.dispatch_lock("j1"),
+    ]
     for k in ks:
         assert k.startswith("mgrpo:v1:{j1}:")
 

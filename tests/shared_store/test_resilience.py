@@ -22,8 +22,12 @@ pytestmark = pytest.mark.redis
 
 
 def stats(job_id, step):
-    q = QueryStats(query_id="q0", reward_mean=0.0, reward_std=0.0,
-                   rollouts=[RolloutStat(rollout=0, reward=0.0, correct=0.0, format_ok=True)])  # fmt: skip
+    q = QueryStats(
+        query_id="q0",
+        reward_mean=0.0,
+        reward_std=0.0,
+        rollouts=[RolloutStat(rollout=0, reward=0.0, correct=0.0, format_ok=True)],
+    )
     return PlannerStepStats(job_id=job_id, step=step, policy_version=step, queries=[q])
 
 
@@ -105,8 +109,16 @@ def test_memory_stays_flat_over_200_steps(tmp_path, job_id):
         for step in range(200):
             for i in range(32):
                 eid = episode_id(step, "q0", i // 4, i % 4)
-                meta = EpisodeMeta(job_id=job_id, step=step, policy_version=step, episode_id=eid, query_id="q0",
-                                   rollout=i // 4, call=i % 4, n_tokens=0)  # fmt: skip
+                meta = EpisodeMeta(
+                    job_id=job_id,
+                    step=step,
+                    policy_version=step,
+                    episode_id=eid,
+                    query_id="q0",
+                    rollout=i // 4,
+                    call=i % 4,
+                    n_tokens=0,
+                )
                 store.episodes.put(meta, arr)
             for name in ("planner_stats", "batch.verifier"):
                 publish_step(store.client, name, stats(job_id, step))

@@ -27,21 +27,62 @@ from shared_store.schemas import (
 
 J = "job-a"
 MESSAGES = [
-    JobRecord(job_id=J, status="queued", config={"k": 8}, created_at=1.0, updated_at=2.0, roles=["solver", "verifier"]),
+    JobRecord(
+        job_id=J,
+        status="queued",
+        config={"k": 8},
+        created_at=1.0,
+        updated_at=2.0,
+        roles=["solver", "verifier"],
+    ),
     JobDispatch(job_id=J, roles=["planner", "subagent"]),
     PlannerStepStats(
-        job_id=J, step=3, policy_version=3,
-        queries=[QueryStats(query_id="q1", reward_mean=0.5, reward_std=0.1, rollouts=[
-            RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True, episodes={"subagent": ["s3-q1-r0-c0"]})])],
+        job_id=J,
+        step=3,
+        policy_version=3,
+        queries=[
+            QueryStats(
+                query_id="q1",
+                reward_mean=0.5,
+                reward_std=0.1,
+                rollouts=[
+                    RolloutStat(
+                        rollout=0,
+                        reward=1.0,
+                        correct=1.0,
+                        format_ok=True,
+                        episodes={"subagent": ["s3-q1-r0-c0"]},
+                    )
+                ],
+            )
+        ],
     ),
-    RoleBatch(job_id=J, step=3, policy_version=2, role="verifier",
-              groups=[EpisodeGroup(group="t1.V1.0", episodes=[ScoredEpisode(episode_id="s3-t1.V1.0-r0-c0", reward=1.0)])]),
-    EpisodeMeta(job_id=J, step=3, policy_version=2, episode_id="s3-q1-r0-c0", query_id="q1", rollout=0, call=0,
-                n_tokens=5, expert_score=0.5, subtask="find X", result="Y"),
+    RoleBatch(
+        job_id=J,
+        step=3,
+        policy_version=2,
+        role="verifier",
+        groups=[
+            EpisodeGroup(group="t1.V1.0", episodes=[ScoredEpisode(episode_id="s3-t1.V1.0-r0-c0", reward=1.0)])
+        ],
+    ),
+    EpisodeMeta(
+        job_id=J,
+        step=3,
+        policy_version=2,
+        episode_id="s3-q1-r0-c0",
+        query_id="q1",
+        rollout=0,
+        call=0,
+        n_tokens=5,
+        expert_score=0.5,
+        subtask="find X",
+        result="Y",
+    ),
     PolicyVersion(job_id=J, role="planner", version=4, step=3, checkpoint="/ckpt/4"),
     MetricsEvent(job_id=J, step=3, role="planner", values={"planner/reward_mean": 0.4}),
     LedgerEntry(job_id=J, role="subagent", step=3, policy_version=3, consumer="c1"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)

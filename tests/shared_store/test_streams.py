@@ -18,8 +18,12 @@ pytestmark = pytest.mark.redis
 
 
 def stats(job_id: str, step: int) -> PlannerStepStats:
-    q = QueryStats(query_id="q0", reward_mean=0.5, reward_std=0.5,
-                   rollouts=[RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True)])  # fmt: skip
+    q = QueryStats(
+        query_id="q0",
+        reward_mean=0.5,
+        reward_std=0.5,
+        rollouts=[RolloutStat(rollout=0, reward=1.0, correct=1.0, format_ok=True)],
+    )
     return PlannerStepStats(job_id=job_id, step=step, policy_version=step, queries=[q])
 
 

@@ -89,10 +89,16 @@ def main(out: Path, stages: int, moe: bool) -> None:
     start = torch.load(out / ("w1moe-1.pt" if moe else "w1-1.pt"), weights_only=False) if rank0 else None
     if start is not None:
         hf.load_state_dict(start["weights"])
-    policy = MegatronPolicy(hf.config.to_dict(), LR, source=hf if rank0 else None, with_ref=True,
-                            ref_source=reference(1, moe) if rank0 else None,
-                            optimizer_state=start["optimizer"] if start else None,
-                            bucket_mb=0.05, pipeline=stages)  # fmt: skip  # weights and moments in several buckets
+    policy = MegatronPolicy(
+        hf.config.to_dict(),
+        LR,
+        source=hf if rank0 else None,
+        with_ref=True,
+        ref_source=reference(1, moe) if rank0 else None,
+        optimizer_state=start["optimizer"] if start else None,
+        bucket_mb=0.05,
+        pipeline=stages,
+    )  # weights and moments in several buckets
     run(policy, tok, 1, out / f"w1to{name}-2.pt", model_of)
     try:  # another split in this process is refused (megatron-core's parallel state is global)
         model_parallel(policy.tp, stages, ep=1 if moe else dist.get_world_size())

@@ -64,8 +64,15 @@ def runs(tmp_path_factory):
     m2 = one_rank_update(model, opt, tok.pad_token_id, len(tok), 1)
     save(out / "w1-2.pt", model.state_dict(), optimizer_state(model, opt), m2)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests/mgrpo/parallel/two_ranks.py"), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(ROOT / "tests/mgrpo/parallel/two_ranks.py"),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, start
@@ -81,8 +88,17 @@ def test_two_ranks_train_as_one(runs):
         one, two = load(out / f"w1-{name}.pt"), load(out / f"w2-{name}.pt")
         assert_same(one["weights"], two["weights"])
         assert max_diff(one["weights"], start) > LR  # the updates moved the weights
-        for key in ("loss", "pg_loss", "tokens", "grad_norm", "ratio_max", "is_weight_mean", "kl_ref", "clip_frac",
-                    "approx_kl"):  # fmt: skip
+        for key in (
+            "loss",
+            "pg_loss",
+            "tokens",
+            "grad_norm",
+            "ratio_max",
+            "is_weight_mean",
+            "kl_ref",
+            "clip_frac",
+            "approx_kl",
+        ):
             if key in one["metrics"]:
                 assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-6), key
     assert {"is_weight_mean", "kl_ref"} <= set(

@@ -30,8 +30,16 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def qwen3(tied: bool, vocab: int = 331) -> torch.nn.Module:
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=16, tie_word_embeddings=tied)  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=16,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(1)
     return AutoModelForCausalLM.from_config(cfg)
 
@@ -68,9 +76,19 @@ def test_hf_megatron_round_trip_is_exact(tp, pp, tied):
 
 
 def qwen3_moe(tied: bool) -> torch.nn.Module:
-    cfg = Qwen3MoeConfig(vocab_size=331, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
-                         num_experts_per_tok=2, tie_word_embeddings=tied)  # fmt: skip
+    cfg = Qwen3MoeConfig(
+        vocab_size=331,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(1)
     return AutoModelForCausalLM.from_config(cfg)
 
@@ -126,8 +144,17 @@ def test_a_split_that_does_not_divide_the_model_is_refused():
 
 def _torchrun(out: Path, ranks: int, stages: int, *extra: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"), str(out), str(stages), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        str(ROOT / "tests/mgrpo/parallel/megatron_tp.py"),
+        str(out),
+        str(stages),
+        *extra,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
@@ -163,8 +190,16 @@ def ep2(tmp_path_factory):
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     for update in (0, 1):
         rows, stale = samples(update, len(tok), low=NO_PAD)
-        m = ppo_update(model, opt, rows, SETTINGS[update], pad_id=tok.pad_token_id, seed=update, stale=stale,
-                       ref_model=reference(update, moe=True))  # fmt: skip
+        m = ppo_update(
+            model,
+            opt,
+            rows,
+            SETTINGS[update],
+            pad_id=tok.pad_token_id,
+            seed=update,
+            stale=stale,
+            ref_model=reference(update, moe=True),
+        )
         save(out / f"w1moe-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
     _torchrun(out, 2, 1, "moe")
     return out

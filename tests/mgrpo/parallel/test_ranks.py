@@ -14,11 +14,25 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_dead_rank_fails_the_next_call_with_rank_lost():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
     script = str(ROOT / "tests/mgrpo/parallel/lose_a_rank.py")
-    procs = [subprocess.Popen([sys.executable, script], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     out, err = procs[0].communicate(timeout=120)
     procs[1].communicate(timeout=30)
     assert procs[0].returncode == 0, err[-3000:]

@@ -40,9 +40,14 @@ def run(policy: ShardedPolicy, pad_id: int, vocab: int, update: int, out: Path |
 
 def opened(model, rank0: bool, optimizer_state=None) -> ShardedPolicy:
     """A 2-rank policy from rank 0's `model` (and optimizer state), with the KL reference."""
-    return ShardedPolicy(model.config.to_dict(), LR, source=model if rank0 else None, with_ref=True,
-                         ref_source=reference(1) if rank0 else None,
-                         optimizer_state=optimizer_state if rank0 else None)  # fmt: skip
+    return ShardedPolicy(
+        model.config.to_dict(),
+        LR,
+        source=model if rank0 else None,
+        with_ref=True,
+        ref_source=reference(1) if rank0 else None,
+        optimizer_state=optimizer_state if rank0 else None,
+    )
 
 
 def main(out: Path) -> None:

@@ -42,10 +42,21 @@ def tiny_moe() -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
     tok = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20)
-    cfg = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128,
-                         pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # a router with distinct scores (HF starts it at zero: every expert tied)
@@ -60,8 +71,12 @@ def samples(update: int, vocab: int, low: int = 0) -> tuple[list[tuple[Transcrip
     out = []
     for _ in range(5 if update == 0 else 7):
         n, p = rng.randint(6, 24), rng.randint(2, 5)
-        t = Transcript(token_ids=[rng.randrange(low, vocab) for _ in range(n)],
-                       logp=[-3 * rng.random() for _ in range(n)], mask=[0] * p + [1] * (n - p), prompt_len=p)  # fmt: skip
+        t = Transcript(
+            token_ids=[rng.randrange(low, vocab) for _ in range(n)],
+            logp=[-3 * rng.random() for _ in range(n)],
+            mask=[0] * p + [1] * (n - p),
+            prompt_len=p,
+        )
         if update == 1 and len(out) == 2:
             t.mask = [0] * n  # a row with no trained token: outside the seq-mean denominator
         out.append((t, rng.uniform(-1, 1)))

@@ -94,7 +94,7 @@ def check_fsdp(device: torch.device, size: str, batch: int, seq: int) -> dict[st
     policy = ShardedPolicy(model.config.to_dict(), 1e-5, source=model)
     rows = synthetic_batch(VOCAB, batch, seq)
     settings = UpdateSettings(minibatch_size=batch)
-    run = lambda: policy.update(rows, settings, pad_id=0, seed=0, stale=None)  # noqa: E731
+    run = lambda: policy.update(rows, settings, pad_id=0, seed=0, version=None)  # noqa: E731
     metrics = run()
     s = timed(run, device, 2)
     dtypes = sorted({str(p.dtype) for p in policy.model.parameters()})

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.models import build_model, train_tokenizer
+from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.training import UpdateSettings, ppo_update
 
@@ -54,7 +54,7 @@ def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
     return 6.0 * n_matmul + 12.0 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
 
 
-def synthetic_batch(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list[tuple[Transcript, float]]:
+def synthetic_batch(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list[Sample]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(batch):
@@ -63,7 +63,7 @@ def synthetic_batch(vocab: int, batch: int, seq_len: int, seed: int = 0) -> list
         tr = Transcript(
             ids, [0.0] * half + [-2.0] * (seq_len - half), [0] * half + [1] * (seq_len - half), half
         )
-        out.append((tr, float(torch.randn((), generator=g))))
+        out.append(Sample("bench", "g", tr, 0.0, advantage=float(torch.randn((), generator=g))))
     return out
 
 

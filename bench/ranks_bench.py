@@ -48,21 +48,21 @@ from bench.weight_sync import (  # noqa: E402
     sync_sizes,
     tokenizer,
 )
-from mgrpo.agents.loop import Transcript  # noqa: E402
 from mgrpo.models import build_model  # noqa: E402
 from mgrpo.parallel.ranks import policy_class  # noqa: E402
+from mgrpo.records import Sample, Transcript  # noqa: E402
 from mgrpo.training import UpdateSettings, ppo_update  # noqa: E402
 
 SETTINGS = UpdateSettings(minibatch_size=32, ppo_epochs=1)
 
 
-def batch(n: int, tokens: int, vocab: int) -> list[tuple[Transcript, float]]:
+def batch(n: int, tokens: int, vocab: int) -> list[Sample]:
     g = torch.Generator().manual_seed(0)
     out = []
     for i in range(n):
         ids = torch.randint(0, vocab, (tokens,), generator=g).tolist()
         t = Transcript(ids, [-1.0] * tokens, [0] * 32 + [1] * (tokens - 32), 32)
-        out.append((t, 1.0 if i % 2 else -1.0))
+        out.append(Sample("bench", "g", t, 0.0, advantage=1.0 if i % 2 else -1.0))
     return out
 
 
@@ -94,7 +94,7 @@ def two_ranks(args) -> None:
         policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None, **kw)
         settings = piped if stages > 1 else SETTINGS
         s = median_time(
-            lambda p=policy, st=settings: p.update(data, st, pad_id=tok.pad_token_id, seed=0, stale=None),
+            lambda p=policy, st=settings: p.update(data, st, pad_id=tok.pad_token_id, seed=0, version=None),
             args.repeats,
         )
         out["update" + suffix] = {

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.models import token_logprobs
+from mgrpo.records import Transcript
 
 
 @dataclass

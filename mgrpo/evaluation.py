@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mgrpo.agents.agents import Delegation, PlannerAgent, PlannerRollout, SingleAgent, SubAgent
-from mgrpo.agents.loop import Transcript
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.engines.hf import HFEngine
+from mgrpo.records import Transcript
 from mgrpo.tasks.deep_research import _SUBTASK, DeepResearchTask, Question, gold_plan
 
 

@@ -45,8 +45,8 @@ from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
 from mgrpo.parallel import ranks
 from mgrpo.parallel.group import joined_world
+from mgrpo.records import Sample
 from mgrpo.runtime import reference_model, role_model_source, rollout_engine
-from mgrpo.sample import Sample
 from mgrpo.training import UpdateSettings, ppo_update
 
 UPDATE_NICE = 10  # how much lower than the engine's decode steps an update runs while they share a core
@@ -147,17 +147,15 @@ class RoleModel:
         kept, report = self.triage(samples)
         if not kept:
             return report
-        batch = [(s.transcript, s.advantage) for s in kept]
-        stale = [s.policy_version < self.version for s in kept]
         with self.engine.paused(), _yielding(not self.engine.shares_weights):
             if self.world > 1:
                 metrics = ranks.call(
                     "update",
-                    samples=batch,
+                    samples=kept,
                     settings=self.settings,
                     pad_id=self.pad_id,
                     seed=seed,
-                    stale=stale,
+                    version=self.version,
                 )
                 t0 = time.perf_counter()
                 ranks.call("sync", local={"into": self.model})
@@ -166,12 +164,12 @@ class RoleModel:
                 metrics = ppo_update(
                     self.model,
                     self.optimizer,
-                    batch,
+                    kept,
                     self.settings,
                     pad_id=self.pad_id,
                     seed=seed,
                     ref_model=self.ref_model,
-                    stale=stale,
+                    version=self.version,
                 )
             self.version += 1
             if self.engine.shares_weights:

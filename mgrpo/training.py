@@ -1,10 +1,11 @@
 """The policy update of one role: clipped PPO epochs over a step's samples (algorithm.md §5).
 
-Both trainers call this one function; the loss itself is `mgrpo.algo.policy_loss`. A sample is a
-transcript (token ids, logp_old, loss mask) with its sequence advantage; duplicated samples (from
-trajectory alignment) are passed as many times as they occur and so count in the loss.
+Every trainer calls this one function on the step's `Sample`s (`mgrpo.records`: a transcript —
+token ids, logp_old, loss mask — with its sequence advantage); the loss itself is
+`mgrpo.algo.policy_loss`. Duplicated samples (from trajectory alignment) are passed as many times as
+they occur and so count in the loss.
 
-Stale samples (sampled by an older policy version than the one being trained, algorithm.md §7): before the
+Stale samples (sampled by an older policy version than the `version` being trained, algorithm.md §7): before the
 first minibatch, one no-grad pass of the current model over them gives `logp_prox`; the loss then
 clips the ratio against it and weights each token by min(exp(logp_prox − logp_old), `is_cap`). Fresh
 samples keep logp_prox = logp_old, so a batch without stale samples trains exactly as before.
@@ -34,18 +35,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.algo.loss import AggMode, agg_count, policy_loss
 from mgrpo.batching import TokenBatch, collate
 from mgrpo.config import OptimConfig
 from mgrpo.models import logits_logprobs, token_logprobs
+from mgrpo.records import Sample
 from mgrpo.shared_prefix import shared_prefix_logprobs, shares_prefixes
 
 
@@ -66,47 +67,36 @@ class UpdateSettings:
 
     @classmethod
     def of(cls, optim: OptimConfig, temperature: float) -> UpdateSettings:
-        """A role's settings from its job config: `optim` and the temperature its rollouts sample at."""
-        return cls(
-            optim.ppo_epochs,
-            optim.minibatch_size,
-            optim.clip_low,
-            optim.clip_high,
-            optim.loss_agg,
-            optim.max_grad_norm,
-            temperature,
-            optim.kl_coef,
-            optim.compile,
-            optim.is_cap,
-            optim.microbatch_tokens,
-            optim.shared_prefix,
-        )
+        """A role's settings from its job config: `optim`'s fields of the same names, and the temperature
+        its rollouts sample at."""
+        names = {f.name for f in fields(cls)} - {"temperature"}
+        return cls(**optim.model_dump(include=names), temperature=temperature)
 
 
 def ppo_update(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
-    samples: Sequence[tuple[Transcript, float]],
+    samples: Sequence[Sample],
     settings: UpdateSettings,
     *,
     pad_id: int,
     seed: int = 0,
     ref_model: PreTrainedModel | None = None,
-    stale: Sequence[bool] | None = None,
+    version: int | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
-    """Run `ppo_epochs` passes of minibatch updates; returns mean metrics (loss, clip_frac, approx_kl,
-    grad_norm, tokens; kl_ref with a `ref_model`; is_weight_mean, is_capped_frac when any sample is
-    `stale`). Samples whose advantage is 0 still count (they are real group members). `ref_model`
-    (frozen) is needed when `settings.kl_coef` > 0. `stale[i]`: sample i came from an older policy.
+    """Run `ppo_epochs` passes of minibatch updates on `samples` (advantages filled); returns mean
+    metrics (loss, clip_frac, approx_kl, grad_norm, tokens; kl_ref with a `ref_model`; is_weight_mean,
+    is_capped_frac when any sample is stale). Samples whose advantage is 0 still count (they are real
+    group members). `ref_model` (frozen) is needed when `settings.kl_coef` > 0. `version`: the policy
+    version being trained; a sample whose `policy_version` is older is stale (None: none is).
     `shard`: (rank, world) of a data-parallel update (module docstring); every rank gets the same
     metrics."""
     if settings.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs ref_model (the frozen starting model)")
     if not samples:
         return {"samples": 0.0}
-    if stale is not None and len(stale) != len(samples):
-        raise ValueError(f"stale has {len(stale)} flags for {len(samples)} samples")
+    stale = None if version is None else [s.policy_version < version for s in samples]
     rng = random.Random(seed)
     orders = []
     for _ in range(settings.ppo_epochs):
@@ -155,7 +145,7 @@ Prox = torch.Tensor | _OwnForward | None
 
 def _proximal_logprobs(
     model: PreTrainedModel,
-    samples: Sequence[tuple[Transcript, float]],
+    samples: Sequence[Sample],
     stale: Sequence[bool] | None,
     s: UpdateSettings,
     pad_id: int,
@@ -172,7 +162,7 @@ def _proximal_logprobs(
         return out
     model.train()  # the mode the loss's forward runs in
     chunks = [idx[start : start + s.minibatch_size] for start in range(0, len(idx), s.minibatch_size)]
-    batches = [collate([samples[i][0] for i in chunk], pad_id).to(model.device) for chunk in chunks]
+    batches = [collate([samples[i].transcript for i in chunk], pad_id).to(model.device) for chunk in chunks]
     with torch.no_grad():
         if getattr(model, "pipelined", False):  # one run of its schedule
             ids = [(b.input_ids, b.attention_mask) for b in batches]
@@ -181,7 +171,7 @@ def _proximal_logprobs(
             logps = [_logprobs(model, b, replace(s, compile=False)) for b in batches]
     for chunk, logp in zip(chunks, logps, strict=True):
         for row, i in enumerate(chunk):
-            out[i] = logp[row, : len(samples[i][0]) - 1].float().cpu()
+            out[i] = logp[row, : len(samples[i].transcript) - 1].float().cpu()
     return out
 
 
@@ -234,7 +224,7 @@ def microbatches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 def _minibatch(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
-    batch_samples: list[tuple[Transcript, float]],
+    batch_samples: list[Sample],
     s: UpdateSettings,
     pad_id: int,
     ref_model: PreTrainedModel | None,
@@ -245,7 +235,7 @@ def _minibatch(
     whose losses, each over its own denominator, are weighted by their part of the minibatch's
     (`agg_count`), so the accumulated gradient is the one-batch gradient."""
     rank, world = shard
-    total = agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg)
+    total = agg_count([x.transcript.mask[1:] for x in batch_samples], s.loss_agg)
     share, idle = 1.0, False  # this rank's part of the minibatch's denominator; a rank without a row
     if world > 1:
         idle = rank >= len(batch_samples)
@@ -255,20 +245,20 @@ def _minibatch(
             [batch_samples[i] for i in rows],
             None if prox is None else [prox[i] for i in rows],
         )
-        share = 0.0 if idle else agg_count([t.mask[1:] for t, _ in batch_samples], s.loss_agg) / max(total, 1)
+        share = (
+            0.0
+            if idle
+            else agg_count([x.transcript.mask[1:] for x in batch_samples], s.loss_agg) / max(total, 1)
+        )
     optimizer.zero_grad()
-    cuts = microbatches([len(t) for t, _ in batch_samples], s.microbatch_tokens)
+    cuts = microbatches([len(x.transcript) for x in batch_samples], s.microbatch_tokens)
     n_real = len(cuts)
     if world > 1:  # every rank runs as many forwards (their collectives pair up)
         cuts, n_real = equal_count(cuts, _max_over_ranks(len(cuts), model.device))
     micro = [[batch_samples[i] for i in idx] for idx in cuts]
     micro_prox = [None if prox is None else [prox[i] for i in idx] for idx in cuts]
     weights = [
-        0.0
-        if idle or j >= n_real
-        else agg_count([t.mask[1:] for t, _ in part], s.loss_agg) / total
-        if total
-        else len(part) / len(batch_samples)
+        0.0 if idle or j >= n_real else _weight(part, total, len(batch_samples), s)
         for j, part in enumerate(micro)
     ]
     if getattr(model, "pipelined", False):  # its schedule runs the micro-batches
@@ -279,7 +269,7 @@ def _minibatch(
             loss, m = _loss(model, part, s, pad_id, ref_model, p)
             (loss * (weight * world)).backward()
             part_metrics.append(m)
-    tokens = [0.0 if idle else float(sum(sum(t.mask[1:]) for t, _ in part)) for part in micro]
+    tokens = [0.0 if idle else float(sum(sum(x.transcript.mask[1:]) for x in part)) for part in micro]
     parts = list(zip(part_metrics, weights, tokens, strict=True))[: max(n_real, 1)]  # not the fillers
     metrics = _combine(parts, share)
     clip = getattr(model, "clip_grad_norm_", None)  # a tensor-parallel model clips by its whole norm
@@ -289,6 +279,13 @@ def _minibatch(
     optimizer.step()
     metrics["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     return reduce_metrics(metrics, share) if world > 1 else metrics
+
+
+def _weight(part: list[Sample], total: float, rows: int, s: UpdateSettings) -> float:
+    """A micro-batch's part of its minibatch's loss denominator (`total`; by rows when it is 0)."""
+    if not total:
+        return len(part) / rows
+    return agg_count([x.transcript.mask[1:] for x in part], s.loss_agg) / total
 
 
 # Metrics that are means over trained tokens (the rest: `loss` and `pg_loss`, over the loss's denominator).
@@ -322,7 +319,7 @@ def _combine(parts: list[tuple[dict[str, float], float, float]], share: float) -
 
 def _loss(
     model: PreTrainedModel,
-    part: list[tuple[Transcript, float]],
+    part: list[Sample],
     s: UpdateSettings,
     pad_id: int,
     ref_model: PreTrainedModel | None,
@@ -366,14 +363,14 @@ def _logprobs(model: PreTrainedModel, batch: TokenBatch, s: UpdateSettings) -> t
 
 
 def _inputs(
-    part: list[tuple[Transcript, float]],
+    part: list[Sample],
     pad_id: int,
     prox: list[Prox] | None,
     device: torch.device,
 ) -> tuple[TokenBatch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """A micro-batch's padded batch, advantages (B,), logp_prox (None when no row is stale) and which
     rows take theirs from the forward (`OWN_FORWARD`; None when none)."""
-    batch = collate([t for t, _ in part], pad_id).to(device)
+    batch = collate([x.transcript for x in part], pad_id).to(device)
     logp_prox = own = None
     if prox is not None:  # fresh rows keep logp_old: their importance weight is exactly 1
         logp_prox = batch.logp_old.clone()
@@ -382,7 +379,7 @@ def _inputs(
                 logp_prox[row, : p.numel()] = p.to(logp_prox.device)
         if any(p is OWN_FORWARD for p in prox):
             own = torch.tensor([p is OWN_FORWARD for p in prox], device=device)
-    adv = torch.tensor([a for _, a in part], dtype=torch.float32, device=device)
+    adv = torch.tensor([x.advantage for x in part], dtype=torch.float32, device=device)
     return batch, adv, logp_prox, own
 
 
@@ -413,7 +410,7 @@ def _part_loss(
 
 def _pipelined(
     model: Any,
-    parts: list[list[tuple[Transcript, float]]],
+    parts: list[list[Sample]],
     weights: list[float],
     s: UpdateSettings,
     pad_id: int,

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.batching import length_sorted_chunks, sft_step_chunked
 from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate, evaluate_single
 from mgrpo.models import PRESETS, build_model, load, save, train_tokenizer
+from mgrpo.records import Transcript
 from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of

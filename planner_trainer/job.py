@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from mgrpo.advantages import assign_advantages
 from mgrpo.agents.agents import AgentLimits, Delegation, PlannerAgent, SingleAgent
 from mgrpo.agents.chat import ChatAgent, ChatFormat, first_string, is_chat_model, tool_schemas
-from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
 from mgrpo.datasets import check_splits, rows_of
+from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
 from mgrpo.runtime import job_task
-from mgrpo.sample import Sample, assign_advantages
 from mgrpo.scoring import Item, Scorer, Scores
 from mgrpo.tasks.deep_research import Question, dataset_questions, epoch_sample, make_questions
 from mgrpo.timing import PhaseTimer

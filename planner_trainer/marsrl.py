@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mgrpo.advantages import assign_advantages
 from mgrpo.agents.agents import TurnAgent
 from mgrpo.config import JobConfig
+from mgrpo.records import Sample
 from mgrpo.role_model import RoleModel
-from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.arithmetic import Problem, make_problems
 from mgrpo.timing import PhaseTimer
 from mgrpo.workflows import MARSRL

@@ -19,11 +19,10 @@ import httpx
 import numpy as np
 
 from mgrpo.agents.agents import Delegation
-from mgrpo.agents.loop import Transcript
 from mgrpo.agents.openai_chat import ChatCall, ChatSessions, serve, session_id
 from mgrpo.algo import alignment_seed
 from mgrpo.config import ProgramConfig
-from mgrpo.sample import Sample
+from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.deep_research import Question
 from mgrpo.timing import PhaseTimer
 from mgrpo.workflows import import_string

@@ -30,10 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
+from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
-from mgrpo.sample import Sample
 from mgrpo.timing import PhaseTimer
 from planner_trainer.partners import wait_applied
 from shared_store import EpisodeArrays, Store

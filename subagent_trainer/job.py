@@ -25,6 +25,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import torch
 
+from mgrpo.advantages import assign_advantages
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
 from mgrpo.agents.chat import (
     ChatAgent,
@@ -34,12 +35,11 @@ from mgrpo.agents.chat import (
     retokenize_drift,
     tool_schemas,
 )
-from mgrpo.agents.loop import Transcript
 from mgrpo.algo import alignment_seed
 from mgrpo.config import JobConfig
+from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
 from mgrpo.runtime import job_task
-from mgrpo.sample import Sample, assign_advantages
 from mgrpo.tasks.arithmetic import parse_turn
 from mgrpo.timing import PhaseTimer
 from mgrpo.tools import ToolBox

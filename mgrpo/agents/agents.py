@@ -23,8 +23,9 @@ from mgrpo.agents.format import (
     parse_single_turn,
     parse_subagent_turn,
 )
-from mgrpo.agents.loop import Transcript, observation_ids, run_agent
+from mgrpo.agents.loop import observation_ids, run_agent
 from mgrpo.engines.base import RolloutEngine, SamplingParams
+from mgrpo.records import Transcript
 
 
 @dataclass(frozen=True)

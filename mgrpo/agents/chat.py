@@ -24,9 +24,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from mgrpo.agents.format import Action, FormatError
-from mgrpo.agents.loop import Transcript, run_agent
+from mgrpo.agents.format import FormatError
+from mgrpo.agents.loop import run_agent
 from mgrpo.engines.base import RolloutEngine, SamplingParams
+from mgrpo.records import Action, Transcript
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"<think>.*?</think>", re.S)

@@ -14,7 +14,8 @@ ends the episode as a format failure (reward 0), never as a crash.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from mgrpo.records import Action
 
 PLANNER_STOPS = ("</delegate>", "</answer>")
 SUBAGENT_STOPS = ("</tool_call>", "</result>")
@@ -29,22 +30,6 @@ _ANY_TAG = re.compile(r"</?(think|delegate|delegate_result|answer|tool_call|tool
 
 class FormatError(ValueError):
     """A turn that does not follow the format."""
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str  # "delegate" | "answer" | "tool_call" | "result"
-    content: str
-    think: str = ""
-
-    @property
-    def terminal(self) -> bool:
-        return self.kind in ("answer", "result")
-
-    def tool(self) -> tuple[str, str]:
-        """(tool name, argument) of a tool call: 'search Kir Naibram' → ('search', 'Kir Naibram')."""
-        name, _, argument = self.content.strip().partition(" ")
-        return name, argument.strip()
 
 
 def _parse(pattern: re.Pattern[str], role: str, text: str) -> Action:

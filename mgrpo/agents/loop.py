@@ -1,4 +1,4 @@
-"""The multi-turn agent loop and its transcript (token ids, logp_old, loss mask).
+"""The multi-turn agent loop, which writes a `Transcript` (`mgrpo.records`: token ids, logp_old, loss mask).
 
 The context is built by concatenating token ids — the model's own sampled ids, then the
 environment's observation ids — never by re-tokenizing text, so the trainer sees exactly the tokens
@@ -8,46 +8,13 @@ the policy produced. The loss mask is 1 exactly on generated tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
-from mgrpo.agents.format import Action, FormatError, strip_tags
+from mgrpo.agents.format import FormatError, strip_tags
 from mgrpo.engines.base import RolloutEngine, SamplingParams
-
-Finish = str  # "answer" | "result" | "format_error" | "max_turns" | "max_context"
-
-
-@dataclass
-class Transcript:
-    token_ids: list[int]
-    logp: list[float]
-    mask: list[int]
-    prompt_len: int
-    actions: list[Action] = field(default_factory=list)
-    format_ok: bool = True
-    finish: Finish = ""
-    final: str | None = None
-    policy_version: int | None = None  # the oldest weights version any generated turn came from
-
-    @classmethod
-    def start(cls, prompt_ids: list[int]) -> Transcript:
-        return cls(list(prompt_ids), [0.0] * len(prompt_ids), [0] * len(prompt_ids), len(prompt_ids))
-
-    def add(self, ids: list[int], logp: list[float] | None = None, *, generated: bool) -> None:
-        self.token_ids += ids
-        self.logp += logp if logp is not None else [0.0] * len(ids)
-        self.mask += [1 if generated else 0] * len(ids)
-
-    def sampled_by(self, version: int) -> None:
-        """Record that a generated turn came from policy `version` (the transcript keeps the oldest)."""
-        self.policy_version = version if self.policy_version is None else min(self.policy_version, version)
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    def fail(self, finish: Finish) -> None:
-        self.format_ok, self.finish = False, finish
+from mgrpo.records import Action, Transcript
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerBase, tag: str, text: str) -> list[int]:

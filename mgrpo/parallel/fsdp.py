@@ -33,10 +33,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.checkpoint import FULL, is_sharded, load_sharded_optimizer, save_sharded_optimizer
 from mgrpo.parallel.group import device
 from mgrpo.parallel.transport import buckets
+from mgrpo.records import Sample
 from mgrpo.training import UpdateSettings, ppo_update
 
 FROM_RANK0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -107,12 +107,12 @@ class ShardedPolicy:
 
     def update(
         self,
-        samples: Sequence[tuple[Transcript, float]],
+        samples: Sequence[Sample],
         settings: UpdateSettings,
         *,
         pad_id: int,
         seed: int,
-        stale: Sequence[bool] | None,
+        version: int | None,
     ) -> dict[str, float]:
         return ppo_update(
             self.model,
@@ -121,7 +121,7 @@ class ShardedPolicy:
             settings,
             pad_id=pad_id,
             seed=seed,
-            stale=stale,
+            version=version,
             ref_model=self.ref if settings.kl_coef > 0 else None,
             shard=(self.rank, self.world),
         )

@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.parallel.group import device
 from mgrpo.parallel.megatron import check_split, copy_into_hf, empty_hf, hf_to_megatron, is_moe, place, tie_hf
 from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, model_parallel
 from mgrpo.parallel.transport import Transport
+from mgrpo.records import Sample
 from mgrpo.training import UpdateSettings, ppo_update
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -138,12 +138,12 @@ class MegatronPolicy:
 
     def update(
         self,
-        samples: Sequence[tuple[Transcript, float]],
+        samples: Sequence[Sample],
         settings: UpdateSettings,
         *,
         pad_id: int,
         seed: int,
-        stale: Sequence[bool] | None,
+        version: int | None,
     ) -> dict[str, float]:
         with _on_device():
             model, ref = (
@@ -158,7 +158,7 @@ class MegatronPolicy:
                 settings,
                 pad_id=pad_id,
                 seed=seed,
-                stale=stale,
+                version=version,
                 ref_model=ref,
                 shard=shard,
             )

@@ -6,7 +6,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mgrpo.agents.agents import demo_transcript, planner_prompt, subagent_prompt
 from mgrpo.agents.format import OBSERVATION_TAGS
-from mgrpo.agents.loop import Transcript
+from mgrpo.records import Transcript
 from mgrpo.tasks.deep_research import (
     _SUBTASK,
     COMPARISON,

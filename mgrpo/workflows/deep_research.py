@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mgrpo.agents.agents import Delegation
-from mgrpo.agents.loop import Transcript
 from mgrpo.algo import align_episodes, planner_reward, subagent_reward
 from mgrpo.algo.alignment import AlignMode
-from mgrpo.sample import Sample
+from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.deep_research import team_role
 
 

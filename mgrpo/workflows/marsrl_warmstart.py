@@ -21,10 +21,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.agents.agents import TurnAgent, demo_transcript
-from mgrpo.agents.loop import Transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import PRESETS, build_model, save, train_tokenizer
+from mgrpo.records import Transcript
 from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.arithmetic import (
     Problem,

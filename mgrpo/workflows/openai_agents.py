@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mgrpo.sample import Sample
+from mgrpo.records import Sample
 from mgrpo.workflows.deep_research import Episode
 
 _ID = re.compile(r"^s(\d+)-([A-Za-z][A-Za-z0-9_]*)\.([a-z][a-z0-9_]*)-r(\d+)-c(\d+)$")

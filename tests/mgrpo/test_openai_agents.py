@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import math
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.agents.openai_chat import ChatSessions, complete, parse_session, response, session_id
+from mgrpo.records import Transcript
 from mgrpo.workflows.deep_research import Episode
 from mgrpo.workflows.openai_agents import episodes_of, outcome_samples, parse_episode, program_query
 from shared_store.schemas import episode_id

@@ -3,12 +3,11 @@ triage of an update and the weight push to an own-weights engine (max_staleness 
 
 import pytest
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
 from mgrpo.engines.base import SamplingParams
 from mgrpo.models import build_model, save
+from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
-from mgrpo.sample import Sample
 
 
 @pytest.fixture(scope="module")

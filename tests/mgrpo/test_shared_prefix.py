@@ -4,11 +4,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.batching import collate
 from mgrpo.models import build_model, token_logprobs
+from mgrpo.records import Transcript
 from mgrpo.shared_prefix import prefix_groups, shared_prefix_logprobs, shares_prefixes
 from mgrpo.training import UpdateSettings, ppo_update
+from tests.samples import as_samples
 
 
 def transcripts(vocab: int, seed: int = 0) -> list[Transcript]:
@@ -85,7 +86,7 @@ def test_an_update_through_shared_prompts_equals_the_whole_row_update(tokenizer)
     """ppo_update with `shared_prefix` on and off: the same loss and metrics, and the same weights after
     two epochs of minibatches (SGD: a gradient difference would show unscaled)."""
     trs = transcripts(len(tokenizer), seed=1)
-    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5, 2.0, -1.0, 0.0], strict=True))
+    samples, _ = as_samples(trs, [1.0, -1.0, 0.5, -0.5, 2.0, -1.0, 0.0])
     base = build_model("tiny", tokenizer, seed=5)
     results = []
     for shared in (False, True):
@@ -130,7 +131,7 @@ def test_the_update_runs_each_prompt_once(tokenizer):
     """With `shared_prefix` (the default) the update's forward sees each distinct prompt once, then each
     row's own tokens; off, the whole rows."""
     trs = transcripts(len(tokenizer), seed=2)
-    samples = [(t, 1.0) for t in trs]
+    samples, _ = as_samples(trs, [1.0] * len(trs))
     b = collate(trs, 0)
     whole = b.input_ids.numel()
     group_of, prompt_len = prefix_groups(b.input_ids, b.attention_mask, b.loss_mask)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from mgrpo.agents.loop import Transcript
-from mgrpo.sample import Sample, assign_advantages
+from mgrpo.advantages import assign_advantages
+from mgrpo.records import Sample, Transcript
 from mgrpo.workflows.deep_research import Episode, align_query, planner_samples, subagent_samples
 
 S = 1 / math.sqrt(1 + 1e-6)  # ±1 after normalising a two-valued group by its population std (ε = 1e-6)

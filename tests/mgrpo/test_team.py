@@ -5,8 +5,8 @@ import pytest
 
 from mgrpo.agents.agents import Delegation
 from mgrpo.agents.format import parse_subagent_turn
-from mgrpo.agents.loop import Transcript
 from mgrpo.models import train_tokenizer
+from mgrpo.records import Transcript
 from mgrpo.tasks.deep_research import compare, comparison_fact, team_plan
 from mgrpo.tasks.demos import comparer_demo
 from mgrpo.workflows.deep_research import Episode, align_query, callee_of, episodes_by_role, subagent_samples

@@ -1,11 +1,12 @@
 import torch
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.batching import collate
 from mgrpo.engines.base import SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import build_model, token_logprobs
+from mgrpo.records import Transcript
 from mgrpo.training import UpdateSettings, equal_count, microbatches, ppo_update
+from tests.samples import as_samples
 
 
 def sampled_transcripts(model, tokenizer, prompts):
@@ -43,7 +44,7 @@ def test_one_update_moves_probability_towards_positive_advantages(tokenizer, sma
     metrics = ppo_update(
         model,
         opt,
-        list(zip(trs, adv, strict=True)),
+        as_samples(trs, adv)[0],
         UpdateSettings(minibatch_size=4),
         pad_id=tokenizer.pad_token_id,
     )
@@ -63,7 +64,7 @@ def test_kl_penalty_needs_a_reference_and_pulls_towards_it(tokenizer, small_task
     prompts = [tokenizer.encode(d.text, add_special_tokens=False)[:8] for d in small_task.world.docs[:4]]
     base = build_model("tiny", tokenizer, seed=3)
     trs = sampled_transcripts(base, tokenizer, prompts)
-    samples = list(zip(trs, [1.0, -1.0, 1.0, -1.0], strict=True))
+    samples, _ = as_samples(trs, [1.0, -1.0, 1.0, -1.0])
     with pytest.raises(ValueError, match="ref_model"):
         ppo_update(base, torch.optim.AdamW(base.parameters()), samples, UpdateSettings(kl_coef=0.1), pad_id=0)
 
@@ -101,7 +102,7 @@ def test_compiled_update_matches_eager_and_leaves_rollouts_eager(tokenizer, smal
     prompts = [tokenizer.encode(d.text, add_special_tokens=False)[:8] for d in small_task.world.docs[:4]]
     models = [build_model("tiny", tokenizer, seed=5) for _ in range(2)]
     trs = sampled_transcripts(models[0], tokenizer, prompts)
-    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5], strict=True))
+    samples, _ = as_samples(trs, [1.0, -1.0, 0.5, -0.5])
     metrics = []
     for model, compile_ in zip(models, (False, True), strict=True):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -143,13 +144,14 @@ def test_stale_samples_are_reweighted_against_the_current_policy(tokenizer, smal
     def run(flags):
         model = copy.deepcopy(current)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        samples, version = as_samples(trs, adv, flags)
         m = ppo_update(
             model,
             opt,
-            list(zip(trs, adv, strict=True)),
+            samples,
             UpdateSettings(minibatch_size=4, is_cap=1.5),
             pad_id=tokenizer.pad_token_id,
-            stale=flags,
+            version=version,
         )
         return m, torch.cat([p.flatten() for p in model.parameters()])
 
@@ -180,8 +182,9 @@ def test_first_minibatch_stale_rows_take_logp_prox_from_their_own_forward(tokeni
     with torch.no_grad():
         for w in current.parameters():
             w.add_(0.1 * torch.randn_like(w, generator=torch.Generator().manual_seed(0)))
-    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0], strict=True))
-    stale = [True, True, False, True, True, True]
+    samples, version = as_samples(
+        trs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0], [True, True, False, True, True, True]
+    )
     pass_of = training._proximal_logprobs
     rows_in_pass: list[int] = []
 
@@ -195,7 +198,7 @@ def test_first_minibatch_stale_rows_take_logp_prox_from_their_own_forward(tokeni
         model = copy.deepcopy(current)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         settings = UpdateSettings(minibatch_size=3, ppo_epochs=epochs, is_cap=1.5)
-        m = ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id, stale=stale)
+        m = ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id, version=version)
         return m, torch.cat([p.flatten() for p in model.parameters()])
 
     (m_own, p_own), (m_pass, p_pass) = run(True), run(False)
@@ -235,8 +238,9 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tokenizer, small_tas
         for i, t in enumerate(sampled_transcripts(base, tokenizer, prompts))
     ]
     assert len({sum(t.mask) for t in trs}) == 8, "the test needs rows with different trained tokens"
-    samples = list(zip(trs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.25, 0.0], strict=True))
-    stale = [False, True] + [False] * 6
+    samples, version = as_samples(
+        trs, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.25, 0.0], [False, True] + [False] * 6
+    )
     for agg in ("seq-mean-token-mean", "token-mean"):
         models = [build_model("tiny", tokenizer, seed=7) for _ in range(2)]
         metrics = []
@@ -244,7 +248,7 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tokenizer, small_tas
             opt = torch.optim.SGD(model.parameters(), lr=0.5)
             settings = UpdateSettings(minibatch_size=4, ppo_epochs=2, loss_agg=agg, microbatch_tokens=tokens)
             metrics.append(
-                ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id, stale=stale)
+                ppo_update(model, opt, samples, settings, pad_id=tokenizer.pad_token_id, version=version)
             )
         assert metrics[0]["clip_frac"] > 0, metrics[0]  # the clip acted in the off-policy minibatches
         assert metrics[0].keys() == metrics[1].keys()

@@ -11,9 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.config import JobConfig
-from mgrpo.sample import Sample
+from mgrpo.records import Sample, Transcript
 from mgrpo.timing import PhaseTimer
 from planner_trainer.root import Rollouts, RootJob
 from shared_store import Store, keys

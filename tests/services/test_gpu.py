@@ -24,11 +24,12 @@ CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 
 def test_engine_and_update_on_cuda(tokenizer_and_model_on_cuda):
     """Rollout log-probs from the engine on the GPU equal teacher-forced ones, and an update runs there."""
-    from mgrpo.agents.loop import Transcript
     from mgrpo.batching import collate
     from mgrpo.engines.base import SamplingParams
     from mgrpo.engines.hf import HFEngine
+    from mgrpo.records import Transcript
     from mgrpo.training import UpdateSettings, ppo_update
+    from tests.samples import as_samples
 
     model, tok = tokenizer_and_model_on_cuda
     prompts = [tok.encode(f"Q: question {i}?\n", add_special_tokens=False) for i in range(16)]
@@ -51,7 +52,7 @@ def test_engine_and_update_on_cuda(tokenizer_and_model_on_cuda):
     m = ppo_update(
         model,
         opt,
-        [(t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trs)],
+        as_samples(trs, [1.0 if i % 2 else -1.0 for i in range(len(trs))])[0],
         UpdateSettings(),
         pad_id=int(tok.pad_token_id),
     )

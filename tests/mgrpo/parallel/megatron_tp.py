@@ -40,11 +40,11 @@ def batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run(policy: MegatronPolicy, tok, update: int, out: Path, model_of=tiny) -> None:
-    rows, stale = samples(update, len(tok), low=NO_PAD)
+    rows, version = samples(update, len(tok), low=NO_PAD)
     settings = SETTINGS[update]
     if policy.pp > 1:  # several micro-batches of different lengths through the schedule
         settings = dataclasses.replace(settings, microbatch_tokens=MICROBATCH_TOKENS)
-    metrics = policy.update(rows, settings, pad_id=tok.pad_token_id, seed=update, stale=stale)
+    metrics = policy.update(rows, settings, pad_id=tok.pad_token_id, seed=update, version=version)
     weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
     synced = model_of()[0] if dist.get_rank() == 0 else None
     if synced is not None:

@@ -24,7 +24,7 @@ FEW = 1e-3  # the share of elements allowed beyond TOL
 
 
 def one_rank_update(model, opt, pad_id, vocab, update):
-    batch, stale = samples(update, vocab)
+    batch, version = samples(update, vocab)
     return ppo_update(
         model,
         opt,
@@ -32,7 +32,7 @@ def one_rank_update(model, opt, pad_id, vocab, update):
         SETTINGS[update],
         pad_id=pad_id,
         seed=update,
-        stale=stale,
+        version=version,
         ref_model=reference(update),
     )
 

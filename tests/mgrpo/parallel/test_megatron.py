@@ -166,7 +166,7 @@ def one_process(tmp_path_factory):
     model, tok = tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     for update in (0, 1):
-        rows, stale = samples(update, len(tok), low=NO_PAD)
+        rows, version = samples(update, len(tok), low=NO_PAD)
         m = ppo_update(
             model,
             opt,
@@ -174,7 +174,7 @@ def one_process(tmp_path_factory):
             SETTINGS[update],
             pad_id=tok.pad_token_id,
             seed=update,
-            stale=stale,
+            version=version,
             ref_model=reference(update),
         )
         save(out / f"w1-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)
@@ -189,7 +189,7 @@ def ep2(tmp_path_factory):
     model, tok = tiny_moe()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     for update in (0, 1):
-        rows, stale = samples(update, len(tok), low=NO_PAD)
+        rows, version = samples(update, len(tok), low=NO_PAD)
         m = ppo_update(
             model,
             opt,
@@ -197,7 +197,7 @@ def ep2(tmp_path_factory):
             SETTINGS[update],
             pad_id=tok.pad_token_id,
             seed=update,
-            stale=stale,
+            version=version,
             ref_model=reference(update, moe=True),
         )
         save(out / f"w1moe-{update + 1}.pt", model.state_dict(), optimizer_state(model, opt), m)

@@ -17,8 +17,8 @@ from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save,
 
 
 def run(policy: ShardedPolicy, pad_id: int, vocab: int, update: int, out: Path | None) -> None:
-    batch, stale = samples(update, vocab)
-    metrics = policy.update(batch, SETTINGS[update], pad_id=pad_id, seed=update, stale=stale)
+    batch, version = samples(update, vocab)
+    metrics = policy.update(batch, SETTINGS[update], pad_id=pad_id, seed=update, version=version)
     weights, optimizer = policy.full_weights(), policy.full_optimizer_state()
     synced = tiny()[0] if dist.get_rank() == 0 else None
     if synced is not None:

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from mgrpo.agents.loop import Transcript
 from mgrpo.models import build_model, train_tokenizer
+from mgrpo.records import Sample, Transcript
 from mgrpo.training import UpdateSettings
+from tests.samples import as_samples
 
 LR = 1e-3
 SETTINGS = (
@@ -65,10 +66,11 @@ def tiny_moe() -> tuple[torch.nn.Module, Any]:
     return model, tok
 
 
-def samples(update: int, vocab: int, low: int = 0) -> tuple[list[tuple[Transcript, float]], list[bool]]:
-    """Random transcripts of token ids low … vocab − 1 with random advantages, and stale flags."""
+def samples(update: int, vocab: int, low: int = 0) -> tuple[list[Sample], int | None]:
+    """Random transcripts of token ids low … vocab − 1 with random advantages, some stale (update 1),
+    and the policy version to train them at."""
     rng = random.Random(update)
-    out = []
+    out, adv = [], []
     for _ in range(5 if update == 0 else 7):
         n, p = rng.randint(6, 24), rng.randint(2, 5)
         t = Transcript(
@@ -79,9 +81,9 @@ def samples(update: int, vocab: int, low: int = 0) -> tuple[list[tuple[Transcrip
         )
         if update == 1 and len(out) == 2:
             t.mask = [0] * n  # a row with no trained token: outside the seq-mean denominator
-        out.append((t, rng.uniform(-1, 1)))
-    stale = [update == 1 and i % 2 == 0 for i in range(len(out))]
-    return out, stale
+        out.append(t)
+        adv.append(rng.uniform(-1, 1))
+    return as_samples(out, adv, [update == 1 and i % 2 == 0 for i in range(len(out))])
 
 
 def save(

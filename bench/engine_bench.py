@@ -31,7 +31,7 @@ from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate
 from mgrpo.models import build_model, load, n_params, train_tokenizer
 from mgrpo.tasks.deep_research import DeepResearchTask, make_questions
-from mgrpo.warmstart import (
+from mgrpo.workflows.deep_research_warmstart import (
     EVAL_SEED,
     WarmstartConfig,
     cached_warmstart,

@@ -139,7 +139,8 @@ def check_megatron(device: torch.device, moe: bool = False) -> dict[str, Any]:
     """The dense model, or with `moe` a Qwen3-MoE through megatron-core's MoE layer (its experts on
     this one rank; the split over ranks runs on the CPU in the tests)."""
     from mgrpo.parallel.megatron import hf_to_megatron, megatron_to_hf
-    from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, tensor_parallel
+    from mgrpo.parallel.megatron_cpu import cpu_shim
+    from mgrpo.parallel.megatron_model import MegatronCausalLM, load_into, tensor_parallel
 
     tensor_parallel(1)
     hf = moe_of(device) if moe else model_of("quick", device)

@@ -27,8 +27,8 @@ import httpx
 import redis
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import keys
 
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cached_warmstart(warmstart_config(JobConfig()), args.cache_dir)
+    cached_warmstart(job_spec(JobConfig()).warmstart_config(), args.cache_dir)
     table = []
     for i, variant in enumerate(VARIANTS):
         cfg = {**BASE, **variant}

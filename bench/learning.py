@@ -31,8 +31,13 @@ from rich.console import Console
 
 from mgrpo.config import JobConfig
 from mgrpo.models import load
-from mgrpo.runtime import job_task, warmstart_config
-from mgrpo.warmstart import cached_warmstart, evaluate_single_model, evaluate_system
+from mgrpo.workflows import job_spec
+from mgrpo.workflows.deep_research_warmstart import (
+    cached_warmstart,
+    evaluate_single_model,
+    evaluate_system,
+    job_task,
+)
 from services.demo import run_train
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -73,7 +78,7 @@ def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
 
 
 def evaluate_checkpoint(job: JobConfig, planner: Path, subagent: Path | None, n: int) -> dict[str, Any]:
-    task, ws = job_task(job), warmstart_config(job)
+    task, ws = job_task(job), job_spec(job).warmstart_config()
     grid = {"stages": (2,), "n_questions": n}
     if subagent is None:
         return evaluate_single_model(task, load(planner), ws, **grid)
@@ -213,7 +218,7 @@ def main() -> None:
             job = job_for(arm, seed, args)
             single = job.mode == "single_agent"
             if single not in starts:  # the warm start's own numbers on the same questions
-                ws = cached_warmstart(warmstart_config(job), args.cache_dir, single_agent=single)
+                ws = cached_warmstart(job_spec(job).warmstart_config(), args.cache_dir, single_agent=single)
                 starts[single] = evaluate_checkpoint(
                     job, ws.planner_path, None if single else ws.subagent_path, args.eval_questions
                 )

@@ -35,8 +35,8 @@ from learning import merge, parse_sets
 
 from mgrpo.config import JobConfig
 from mgrpo.models import load
-from mgrpo.runtime import marsrl_warmstart_config
 from mgrpo.tasks.arithmetic import make_problems
+from mgrpo.workflows import job_spec
 from mgrpo.workflows.marsrl_warmstart import ROLES, cached_warmstart, evaluate_system
 from services.demo import run_train
 from services.demo_marsrl import majority_baseline
@@ -64,7 +64,7 @@ def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
 
 
 def evaluate(job: JobConfig, paths: dict[str, Path], n: int) -> dict[str, float]:
-    ws = marsrl_warmstart_config(job)
+    ws = job_spec(job).warmstart_config()
     problems = make_problems("heldout", n, seed=1000 + ws.seed, n_ops=ws.n_ops)
     return evaluate_system(problems, {r: load(p) for r, p in paths.items()})
 
@@ -137,9 +137,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
     job = job_for(args.arms[0], args.seeds[0], args)
-    warm = cached_warmstart(marsrl_warmstart_config(job), args.cache_dir)
+    warm = cached_warmstart(job_spec(job).warmstart_config(), args.cache_dir)
     start = evaluate(job, {r: warm.path(r) for r in ROLES}, args.eval_problems)
-    majority = majority_baseline(marsrl_warmstart_config(job), args.eval_problems)
+    majority = majority_baseline(job_spec(job).warmstart_config(), args.eval_problems)
     console.print("warm start: " + "  ".join(f"{m} {start[m]:.3f}" for m in METRICS))
     runs = []
     for seed in args.seeds:  # seed-major: a study cut short still has every arm of its first seeds

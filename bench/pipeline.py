@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import parse_sets
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.demo import _rows
 from services.launcher import LocalCluster
 from shared_store import Store, keys
@@ -133,7 +133,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
-    cached_warmstart(warmstart_config(JobConfig()), args.cache_dir)
+    cached_warmstart(job_spec(JobConfig()).warmstart_config(), args.cache_dir)
     runs = []
     for setting in args.settings:
         for _ in range(args.repeats):

@@ -22,7 +22,8 @@ import numpy as np
 
 from shared_store import EpisodeArrays, Store, keys
 from shared_store.embedded import RedisServer
-from shared_store.schemas import EpisodeMeta, PlannerStepStats, QueryStats, RolloutStat, episode_id
+from shared_store.keys import episode_id
+from shared_store.schemas import EpisodeMeta, PlannerStepStats, QueryStats, RolloutStat
 from shared_store.streams import StreamConsumer, publish_step
 
 BATCH = 64

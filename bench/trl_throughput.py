@@ -50,9 +50,9 @@ from rich.console import Console
 from mgrpo.agents.agents import _stop_ids, planner_prompt
 from mgrpo.agents.format import SINGLE_STOPS
 from mgrpo.config import JobConfig
-from mgrpo.runtime import job_task, warmstart_config
 from mgrpo.tasks.deep_research import make_questions
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart, job_task
 from services.demo import run_train
 from shared_store.embedded import free_port
 
@@ -183,7 +183,7 @@ def run_trl(job: JobConfig, model_path: Path, cache_dir: Path, out: Path) -> dic
         per_device_train_batch_size=job.prompts_per_step * G,
         gradient_accumulation_steps=1,
         num_generations=G,
-        max_completion_length=job.model_of("planner").max_new_tokens_per_turn,
+        max_completion_length=job_spec(job).model_of("planner").max_new_tokens_per_turn,
         max_steps=job.steps,
         learning_rate=1e-4,
         lr_scheduler_type="constant",
@@ -324,7 +324,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
         start = cached_warmstart(
-            warmstart_config(job), cache, single_agent=True
+            job_spec(job).warmstart_config(), cache, single_agent=True
         )  # 0 steps: the preset as built
         results: dict[str, list[dict[str, Any]]] = {side: [] for side in [*ours, "trl"]}
         for r in range(args.repeats):

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import job_task
 from mgrpo.tasks.deep_research import make_questions
+from mgrpo.workflows.deep_research_warmstart import job_task
 
 world = job_task(JobConfig()).world  # seed 0, 2000 people: the default job's world
 rows = [

@@ -2,6 +2,12 @@
 
 One pydantic model per component, each field documented once, units in names. Bad input raises
 pydantic's ValidationError naming the field path (the REST API turns it into a 422).
+
+This module checks what a field can say by itself. What the job's workflow allows (its roles, which
+of them call tools, share a model, take a dataset) is checked one layer up, against the workflow
+table: `mgrpo.workflows.job_spec(config)` resolves a config into a `JobSpec` or raises a
+`JobConfigError` naming the field. The config imports nothing of the workflows, so everything can
+import it.
 """
 
 from __future__ import annotations
@@ -9,9 +15,9 @@ from __future__ import annotations
 import string
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mgrpo.workflows import Workflow, get_workflow
+from mgrpo.presets import PRESETS
 
 
 class _Strict(BaseModel):
@@ -47,10 +53,6 @@ class ModelSpec(_Strict):
     def _one_source(self) -> ModelSpec:
         if (self.preset is None) == (self.path is None):
             raise ValueError("give exactly one of 'preset' or 'path'")
-        from mgrpo.models import (
-            PRESETS,  # torch-heavy: imported when a config is checked, not with this module
-        )
-
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(
                 f"unknown preset {self.preset!r}; presets: {', '.join(PRESETS)} (or give a 'path')"
@@ -286,6 +288,7 @@ class JobConfig(_Strict):
     workflow: str = Field(
         "deep_research",
         max_length=64,
+        pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$",
         examples=["deep_research", "deep_research_team", "marsrl", "openai_agents"],
         description="deep_research: planner → sub-agent (M-GRPO); deep_research_team: planner → searcher | comparer; marsrl: solver → verifier → corrector (MarsRL); or an installed plugin's workflow (entry point group mgrpo.workflows).",
     )
@@ -392,12 +395,6 @@ class JobConfig(_Strict):
         },
     )
 
-    @field_validator("workflow")
-    @classmethod
-    def _known_workflow(cls, name: str) -> str:
-        get_workflow(name)  # a ValueError naming the built-ins and plugins
-        return name
-
     @model_validator(mode="before")
     @classmethod
     def _legacy_fields(cls, data: Any) -> Any:
@@ -409,103 +406,3 @@ class JobConfig(_Strict):
             if name in data:
                 roles.setdefault(role, {})[field] = data.pop(name)
         return {**data, "roles": roles}
-
-    @model_validator(mode="after")
-    def _roles_of_workflow(self) -> JobConfig:
-        wf = get_workflow(self.workflow)
-        for name, rc in self.roles.items():
-            if name not in wf.role_names:
-                raise ValueError(
-                    f"roles.{name}: the workflow {wf.name!r} has no role {name!r}; its roles are {', '.join(wf.role_names)}"
-                )
-            if rc.share_model_with is not None and wf.machinery != "marsrl":
-                raise ValueError(
-                    f"roles.{name}.share_model_with: the {wf.name} workflow trains each role with a model of its own; only marsrl's roles can share the root's"
-                )
-            if rc.share_model_with is not None and (name == wf.root or rc.share_model_with != wf.root):
-                raise ValueError(
-                    f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})"
-                )
-        self._check_tools(wf)
-        if (self.engine == "openai_agents") != (self.program is not None):
-            raise ValueError(
-                "program: give it exactly when the workflow is openai_agents (the program is its rollout)"
-            )
-        if self.engine == "openai_agents":
-            missing = [r for r in wf.role_names if (m := self.role(r).model) is None or m.path is None]
-            if missing or self.mode != "co_train":
-                raise ValueError(
-                    f"roles.{(missing or ['planner'])[0]}.model: the openai_agents workflow serves chat models: give every role's model.path (a folder with a chat template), mode co_train"
-                )
-        if self.engine == "marsrl" and (self.dataset is not None or self.reward != RewardConfig()):
-            raise ValueError(
-                "dataset, reward: the marsrl workflow trains on its built-in arithmetic problems with agent-specific rewards; datasets and rewards are for the deep_research workflows"
-            )
-        if self.engine == "marsrl" and self.mode != "co_train":
-            raise ValueError(
-                "mode: the marsrl workflow trains every role (co_train); main_only and single_agent are deep_research modes"
-            )
-        return self
-
-    def _check_tools(self, wf: Workflow) -> None:
-        for name, rc in self.roles.items():
-            if rc.tools is None:
-                continue
-            uses_tools = (
-                self.mode == "single_agent" if name == wf.root else "delegate" not in wf.role(name).tools
-            )
-            if not uses_tools or wf.machinery == "marsrl":
-                raise ValueError(
-                    f"roles.{name}.tools: the {name} role of {wf.name} does not call tools; the tool-using roles are the sub-agents (and the planner in single_agent mode)"
-                )
-            names = [t.name for t in rc.tools]
-            if len(set(names)) != len(names):
-                raise ValueError(f"roles.{name}.tools: tool names must be unique, got {names}")
-
-    # ---- what the trainers read -------------------------------------------------------------------
-    @property
-    def engine(self) -> str:
-        """The built-in machinery the job's workflow runs on (a plugin's `engine`, else its own name)."""
-        return get_workflow(self.workflow).machinery
-
-    @property
-    def flow(self) -> Workflow:
-        """The job's workflow (`single_agent` mode: the one-role single-agent workflow)."""
-        return get_workflow("single_agent" if self.mode == "single_agent" else self.workflow)
-
-    def role(self, name: str) -> RoleConfig:
-        get_workflow(self.workflow).role(name)  # a clear error for a role the workflow does not have
-        return self.roles.get(name) or RoleConfig()
-
-    def model_of(self, role: str) -> ModelSpec:
-        return self.role(role).model or ModelSpec(preset=get_workflow(self.workflow).role(role).preset)
-
-    def tools_of(self, role: str) -> list[ToolConfig]:
-        """The role's tools: its `tools`, or the workflow's built-ins for it (single_agent: the
-        sub-agent's, given on the planner role)."""
-        own = self.role(role).tools
-        if own is not None:
-            return own
-        defaults = self.flow.role(self.flow.root if self.mode == "single_agent" else role).tools
-        return [ToolConfig(name=n) for n in defaults if n in BUILTIN_TOOLS]
-
-    def optim_of(self, role: str) -> OptimConfig:
-        return self.role(role).optim
-
-    def shares_root(self, role: str) -> bool:
-        return self.role(role).share_model_with is not None
-
-    @property
-    def trainer_roles(self) -> tuple[str, ...]:
-        """The roles that run a trainer (own a model), root first."""
-        return tuple(r for r in self.flow.role_names if not self.shares_root(r))
-
-    @property
-    def callee_trainers(self) -> tuple[str, ...]:
-        """The roles with a trainer service of their own that the root calls (every trainer role but the root)."""
-        return tuple(r for r in self.trainer_roles if r != self.flow.root)
-
-    @property
-    def root_roles(self) -> tuple[str, ...]:
-        """The roles whose samples the root trainer trains: the root and every role that shares its model."""
-        return tuple(r for r in self.flow.role_names if r == self.flow.root or self.shares_root(r))

@@ -131,7 +131,7 @@ def read_uri(uri: str) -> list[Row]:
             raise DatasetError(f"{uri}: no such file (a file:// dataset must be readable by every trainer)")
         return parse(path.read_bytes())
     try:
-        import fsspec
+        import fsspec  # optional: only for remote dataset URIs
     except ImportError:
         raise DatasetError(
             f"{uri}: install fsspec (and the protocol's package, e.g. s3fs) to read it"

@@ -15,12 +15,25 @@ tokenizer; a tokenizer that starts both alike cannot judge and is refused when t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from mgrpo.agents.chat import ChatFormat, is_chat_model
 from mgrpo.models import load, place
-from mgrpo.scoring import Item
+
+
+class Item(Protocol):
+    """What the judge reads of a scored item (`mgrpo.scoring.Item`)."""
+
+    @property
+    def query(self) -> str: ...
+
+    @property
+    def answer(self) -> str: ...
+
+    @property
+    def reference(self) -> str: ...
 
 
 class Judge:

@@ -24,6 +24,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from mgrpo.presets import PRESETS
+
 hf_logging.disable_progress_bar()  # shard-writing bars would drown our own progress display
 
 # The agents' tags are single special tokens, so stopping and parsing never depend on BPE merges.
@@ -45,36 +47,6 @@ SPECIAL_TOKENS = [
     "<result>",
     "</result>",
 ]
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # ~0.44M parameters at vocab 320: the planner default
-    "tiny": dict(
-        hidden_size=96,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-    ),
-    # ~0.5M, another shape: the sub-agent default (the two models differ on purpose)
-    "tiny-wide": dict(
-        hidden_size=128,
-        intermediate_size=320,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-    ),
-    # ~3.2M: the throughput / MFU preset
-    "small": dict(
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-    ),
-}
 
 
 def train_tokenizer(

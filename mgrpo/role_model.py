@@ -38,16 +38,16 @@ from mgrpo.checkpoint import (
     restore_trainer_state,
     save_checkpoint,
 )
-from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.replicas import ReplicatedEngine
 from mgrpo.engines.sglang import SGLangEngine
 from mgrpo.models import load, place
-from mgrpo.parallel import ranks
 from mgrpo.parallel.group import joined_world
+from mgrpo.parallel.ranks import RankGroup
 from mgrpo.records import Sample
-from mgrpo.runtime import reference_model, role_model_source, rollout_engine
+from mgrpo.runtime import Placement, reference_model, role_model_source, rollout_engine
 from mgrpo.training import UpdateSettings, ppo_update
+from mgrpo.workflows import JobSpec
 
 UPDATE_NICE = 10  # how much lower than the engine's decode steps an update runs while they share a core
 
@@ -79,37 +79,35 @@ def _broadcasts(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
 class RoleModel:
     def __init__(
         self,
-        cfg: JobConfig,
+        job: JobSpec,
         role: str,
         *,
-        cache_dir: Path,
-        checkpoint_dir: Path,
+        placement: Placement,
         job_id: str,
         last_step: int,
-        device: torch.device | str = "cpu",
-        sglang_url: str = "",
         max_batch: int = 64,
-        model_role: str | None = None,
-        sglang_sync_host: str = "",
     ) -> None:
-        """`role`: whose update settings and checkpoints these are; `model_role` (default `role`): whose
-        starting model to load (`single` for the single-agent baseline). `last_step`: the last step the
-        ledger holds for the role (-1: none), resumed from its checkpoint. `sglang_sync_host`: push each
-        policy to the SGLang servers by broadcast from this address (`mgrpo.engines.sglang`), not by disk."""
-        self.cfg, self.role = cfg, role
-        self.checkpoint_dir, self.ckpt_root = checkpoint_dir, checkpoint_dir / job_id / role
+        """`role`: whose model, update settings and checkpoints these are. `last_step`: the last step
+        the ledger holds for the role (-1: none), resumed from its checkpoint. `placement`: the
+        service's volumes, device and rollout servers (with `sglang_sync_host`, each policy is pushed
+        to the SGLang servers by broadcast, `mgrpo.engines.sglang`, not through the checkpoint folder)."""
+        self.job, self.role = job, role
+        self.checkpoint_dir, self.ckpt_root = (
+            placement.checkpoint_dir,
+            placement.checkpoint_dir / job_id / role,
+        )
         resume = latest_checkpoint(self.ckpt_root, step=last_step) if last_step >= 0 else None
-        source = str(resume.path) if resume else role_model_source(cfg, model_role or role, cache_dir)
+        source = str(resume.path) if resume else role_model_source(job, role, placement.cache_dir)
         model, self.tokenizer = load(source)
-        self.model = place(model, device).eval()
-        optim = cfg.optim_of("planner" if role == "single" else role)
+        self.model = place(model, placement.device).eval()
+        optim = job.optim_of(role)
         state = restore_trainer_state(resume) if resume else None
-        self.world = joined_world()
-        self.ref_model = reference_model(cfg, model_role or role, cache_dir, device)
+        self.world, self.ranks = joined_world(), placement.ranks
+        self.ref_model = reference_model(job, role, placement.cache_dir, placement.device)
         if self.world > 1:
-            if is_sharded(state) and not ranks.shards_optimizer():  # shards this group cannot read
+            if is_sharded(state) and not self.group.shards_optimizer():  # shards this group cannot read
                 state = full_optimizer_state(self.model, state)
-            ranks.call(
+            self.group.call(
                 "open",
                 config=self.model.config.to_dict(),
                 lr=optim.lr,
@@ -124,15 +122,24 @@ class RoleModel:
         self.engine = rollout_engine(
             self.model,
             self.tokenizer,
-            sglang_url,
+            placement.sglang_url,
             weights=source,
             max_batch=max_batch,
-            own_weights=cfg.max_staleness > 0,
+            own_weights=job.cfg.max_staleness > 0,
             version=self.version,
-            sync_host=sglang_sync_host,
+            sync_host=placement.sglang_sync_host,
         )
-        self.spec = cfg.model_of("planner" if role == "single" else role)
-        self.settings = UpdateSettings.of(optim, self.spec.temperature)
+        self.model_spec = job.model_of(role)
+        self.settings = UpdateSettings.of(optim, self.model_spec.temperature)
+
+    @property
+    def group(self) -> RankGroup:
+        """The role's group of ranks (W > 1)."""
+        if self.ranks is None:
+            raise RuntimeError(
+                f"this process is one of {self.world} ranks, but its service was given no RankGroup"
+            )
+        return self.ranks
 
     @property
     def pad_id(self) -> int:
@@ -149,7 +156,7 @@ class RoleModel:
             return report
         with self.engine.paused(), _yielding(not self.engine.shares_weights):
             if self.world > 1:
-                metrics = ranks.call(
+                metrics = self.group.call(
                     "update",
                     samples=kept,
                     settings=self.settings,
@@ -158,7 +165,7 @@ class RoleModel:
                     version=self.version,
                 )
                 t0 = time.perf_counter()
-                ranks.call("sync", local={"into": self.model})
+                self.group.call("sync", local={"into": self.model})
                 metrics["weight_sync_s"] = time.perf_counter() - t0
             else:
                 metrics = ppo_update(
@@ -184,12 +191,12 @@ class RoleModel:
 
     def drops(self, sample: Sample) -> bool:
         """Whether the next update leaves `sample` out (beyond the bound, `stale_samples: drop`)."""
-        beyond = self.version - sample.policy_version > self.cfg.max_staleness
-        return beyond and self.cfg.stale_samples == "drop"
+        beyond = self.version - sample.policy_version > self.job.cfg.max_staleness
+        return beyond and self.job.cfg.stale_samples == "drop"
 
     def triage(self, samples: Sequence[Sample]) -> tuple[list[Sample], dict[str, float]]:
         """The samples to train on and the staleness report (see the module docstring)."""
-        bound = self.cfg.max_staleness
+        bound = self.job.cfg.max_staleness
         lag = [max(self.version - s.policy_version, 0) for s in samples]
         beyond = [d > bound for d in lag]
         kept = [s for s in samples if not self.drops(s)]
@@ -207,10 +214,10 @@ class RoleModel:
         state, write = None, None
         if self.world == 1:
             state = optimizer_state(self.model, self.optimizer)
-        elif ranks.shards_optimizer():  # every rank writes its own shard into the checkpoint
-            write = lambda folder: ranks.call("save_optimizer", path=str(folder))  # noqa: E731
+        elif self.group.shards_optimizer():  # every rank writes its own shard into the checkpoint
+            write = lambda folder: self.group.call("save_optimizer", path=str(folder))  # noqa: E731
         else:  # the full state, gathered to rank 0
-            state = ranks.call("optimizer_state")
+            state = self.group.call("optimizer_state")
         ckpt = save_checkpoint(
             self.ckpt_root,
             self.model,
@@ -218,7 +225,7 @@ class RoleModel:
             state,
             step=step,
             version=self.version,
-            keep_every_steps=self.cfg.checkpoint_keep_every_steps,
+            keep_every_steps=self.job.cfg.checkpoint_keep_every_steps,
             write_optimizer=write,
         )
         if (
@@ -233,4 +240,4 @@ class RoleModel:
     def close(self) -> None:
         self.engine.close()
         if self.world > 1:
-            ranks.call("close")
+            self.group.call("close")

@@ -1,27 +1,39 @@
-"""What a trainer service needs to start a job: the job's task and its role's model, from the
-cached warm start (presets) or a folder (path)."""
+"""What a trainer service needs to start a job: where it runs (`Placement`), its role's model (from
+the cached warm start of its presets, or a folder), its rollout engine and its KL reference."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from mgrpo.config import JobConfig
 from mgrpo.engines.base import RolloutEngine
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.replicas import ReplicatedEngine
 from mgrpo.engines.sglang import SGLangEngine, WeightSync
 from mgrpo.models import load, place
-from mgrpo.tasks.deep_research import DeepResearchTask
-from mgrpo.warmstart import WarmstartConfig, cached_warmstart, make_task
-from mgrpo.workflows import get_workflow
-from mgrpo.workflows.marsrl_warmstart import ROLES as MARS_ROLES
-from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
-from mgrpo.workflows.marsrl_warmstart import cached_warmstart as cached_marsrl_warmstart
+from mgrpo.parallel.ranks import RankGroup
+from mgrpo.workflows import JobSpec
 
-RoleName = str  # a role of the job's workflow, or "single" (the single-agent baseline's model)
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a role's trainer runs (its service's settings): the warm-start cache and the
+    checkpoint volume, the torch device, the SGLang servers it rolls out with (`sglang_url`; '' = the
+    in-process hf engine) and the address they take pushed weights from (`sglang_sync_host`), the
+    service's own URL as others reach it, its stream consumer's name, and its group of ranks when it
+    trains on W > 1 (`mgrpo.parallel.ranks`)."""
+
+    cache_dir: Path = Path(".cache/mgrpo")
+    checkpoint_dir: Path = Path("checkpoints")
+    device: torch.device | str = "cpu"
+    sglang_url: str = ""
+    sglang_sync_host: str = ""
+    public_url: str = ""
+    consumer_name: str = ""
+    ranks: RankGroup | None = None  # this service's group of ranks (W > 1), on rank 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,65 +48,17 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def warmstart_config(job: JobConfig) -> WarmstartConfig:
-    steps = 350 if job.warmstart_steps is None else job.warmstart_steps
-    wf = get_workflow(job.workflow)  # not job.flow: single_agent mode still names the warm start's sub-agent
-    callee = "subagent" if "subagent" in wf.role_names else wf.callees[0]
-    return WarmstartConfig(
-        seed=job.seed,
-        n_people=job.n_people,
-        steps=steps,
-        planner_preset=job.model_of("planner").preset or "tiny",
-        subagent_preset=job.model_of(callee).preset or "tiny-wide",
-        eval_questions=100 if steps >= 100 else 0,
-    )
-
-
-def marsrl_warmstart_config(job: JobConfig) -> MarsWarmstartConfig:
-    default = MarsWarmstartConfig()
-    steps = default.steps if job.warmstart_steps is None else job.warmstart_steps
-    solver, verifier, corrector = (job.model_of(r).preset or default.preset(r) for r in MARS_ROLES)
-    return MarsWarmstartConfig(
-        seed=job.seed,
-        steps=steps,
-        n_ops=job.marsrl.n_ops,
-        solver_preset=solver,
-        verifier_preset=verifier,
-        corrector_preset=corrector,
-        shared_preset=solver,
-        eval_problems=100 if steps >= 100 else 0,
-    )
-
-
-def job_task(job: JobConfig) -> DeepResearchTask:
-    return make_task(warmstart_config(job))
-
-
-def role_model_source(job: JobConfig, role: RoleName, cache_dir: Path) -> str:
-    """Where the role's starting model is: `path` when given, else the (cached) warm start of its preset.
-    A MarsRL root whose model other roles share starts from the shared warm start."""
-    spec = job.model_of("planner" if role == "single" else role)
+def role_model_source(job: JobSpec, role: str, cache_dir: Path) -> str:
+    """Where the role's starting model is: `path` when given, else the (cached) warm start of the
+    running workflow's presets (`JobSpec.warm_start`)."""
+    spec = job.model_of(role)
     if spec.path is not None:
         return spec.path
-    if job.engine == "marsrl":
-        shared = role == job.flow.root and len(job.root_roles) > 1
-        return str(
-            cached_marsrl_warmstart(marsrl_warmstart_config(job), cache_dir).path(
-                "shared" if shared else role
-            )
-        )
-    if job.engine == "deep_research_team" and role != "single":
-        if role == "comparer" and spec.preset != "tiny":
-            raise ValueError(
-                "roles.comparer.model: the team warm start trains the comparer from the 'tiny' preset; give a path for another model"
-            )
-        return str(cached_warmstart(warmstart_config(job), cache_dir, team=True).folder / role)
-    result = cached_warmstart(warmstart_config(job), cache_dir, single_agent=role == "single")
-    return str(result.subagent_path if role == "subagent" else result.planner_path)
+    return job.warm_start().source(job, role, cache_dir)
 
 
 def load_role_model(
-    job: JobConfig, role: RoleName, cache_dir: Path
+    job: JobSpec, role: str, cache_dir: Path
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """The role's starting model (see `role_model_source`)."""
     return load(role_model_source(job, role, cache_dir))
@@ -133,11 +97,11 @@ def rollout_engine(
 
 
 def reference_model(
-    job: JobConfig, role: RoleName, cache_dir: Path, device: torch.device | str = "cpu"
+    job: JobSpec, role: str, cache_dir: Path, device: torch.device | str = "cpu"
 ) -> PreTrainedModel | None:
     """The frozen starting model the KL penalty anchors to (None when the role's kl_coef is 0).
     A resumed trainer loads it again from the job's source, not from its checkpoint."""
-    optim = job.optim_of("planner" if role == "single" else role)
+    optim = job.optim_of(role)
     if optim.kl_coef == 0:
         return None
     model, _ = load_role_model(job, role, cache_dir)

@@ -30,6 +30,7 @@ import torch
 
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.config import RewardConfig
+from mgrpo.judge import Judge
 
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
@@ -106,8 +107,6 @@ class Scorer:
         self.http = httpx.Client(timeout=cfg.timeout_s, headers=headers) if cfg.kind == "http" else None
         self.judge = None
         if cfg.kind == "judge":
-            from mgrpo.judge import Judge  # loads a model: only for jobs that use one
-
             assert cfg.judge_path is not None
             self.judge = Judge(cfg.judge_path, cfg.judge_prompt, device=device)
 

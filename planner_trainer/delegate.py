@@ -1,8 +1,8 @@
-"""Delegation over HTTP: a planner rollout's subtask becomes `POST {subagent}/v1/episodes`.
+"""Calls to a callee role over HTTP: a root rollout's subtask becomes `POST {callee}/v1/episodes`.
 
-The sub-agent answers with a `Server-Timing` header (its handler time and its Redis write); the
-client records, per delegation, the time spent in exchange (HTTP + Redis) rather than in the model.
-Retries with backoff while the sub-agent service is down or still loading the job, up to the job's
+The callee answers with a `Server-Timing` header (its handler time and its Redis write); the
+client records, per call, the time spent in exchange (HTTP + Redis) rather than in the model.
+Retries with backoff while the callee's service is down or still loading the job, up to the job's
 `partner_timeout_s`; then `PartnerError` names the partner, so the job fails with a clear reason
 instead of hanging. A cancel of the job ends the retries within half a second.
 """
@@ -38,14 +38,14 @@ class PartnerError(RuntimeError):
     """The partner service did not answer within the job's timeout."""
 
 
-class SubagentClient:
+class CalleeClient:
     def __init__(
         self,
         base_url: str,
         token: str,
         *,
         timeout_s: float,
-        role: str = "subagent",
+        role: str,
         cancelled: Callable[[], bool] | None = None,
         sign: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:

@@ -11,14 +11,12 @@ run and pooled per query, with the run's outcome as reward (mgrpo/workflows/open
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import numpy as np
 
-from mgrpo.agents.agents import Delegation
 from mgrpo.agents.openai_chat import ChatCall, ChatSessions, serve, session_id
 from mgrpo.algo import alignment_seed
 from mgrpo.config import ProgramConfig
@@ -26,11 +24,20 @@ from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.deep_research import Question
 from mgrpo.timing import PhaseTimer
 from mgrpo.workflows import import_string
-from mgrpo.workflows.deep_research import Episode, align_query, finite_mean
-from mgrpo.workflows.openai_agents import episodes_of, outcome_samples, program_query
-from planner_trainer.job import PlannerJob, log
+from mgrpo.workflows.deep_research import (
+    CalleeQuery,
+    Episode,
+    QueryRollouts,
+    Rollout,
+    aligned_samples,
+    finite_mean,
+    outcome_reward,
+)
+from mgrpo.workflows.openai_agents import Call, calls_per_rollout, program_query
+from planner_trainer.job import QuestionRoot
+from planner_trainer.queries import log
 from planner_trainer.root import Rollouts
-from shared_store import EpisodeArrays
+from shared_store.keys import parse_episode_id
 from shared_store.schemas import PlannerStepStats, QueryStats, RolloutStat
 
 Program = Callable[[str, dict[str, str], str], str]  # (query, base URL per role, api key) -> answer
@@ -55,16 +62,18 @@ def load_program(cfg: ProgramConfig) -> Program:
     return over_http
 
 
-class ProgramRootJob(PlannerJob):
-    def __init__(self, *args: Any, role_urls: dict[str, str], **kw: Any) -> None:
+class ProgramRootJob(QuestionRoot):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        assert self.cfg.program is not None
-        missing = [r for r in self.cfg.flow.role_names if not role_urls.get(r)]
+        if self.cfg.program is None:
+            raise ValueError(f"program: the {self.job.flow.name} workflow needs the job's agent program")
+        urls = {self.root: self.placement.public_url, **{r: c.base_url for r, c in self.callees.items()}}
+        missing = [r for r in self.job.flow.role_names if not urls.get(r)]
         if missing:
             raise ValueError(
                 f"no URL for role(s) {', '.join(missing)}: set MGRPO_PUBLIC_URL on the root service and MGRPO_ROLE_URLS"
             )
-        self.role_urls = role_urls
+        self.program_cfg, self.role_urls = self.cfg.program, urls
         self.program = load_program(self.cfg.program)
         self.sessions = ChatSessions()
         self.program_errors = 0  # the program raised, or returned something other than a string
@@ -73,37 +82,27 @@ class ProgramRootJob(PlannerJob):
 
     # ---- serving the root role's own calls --------------------------------------------------------
     def chat_completion(self, session: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        assert self.cfg.program is not None
+        spec = self.model.model_spec
         return serve(
-            self.engine,
-            self.tokenizer,
-            "planner",
+            self.model.engine,
+            self.model.tokenizer,
+            self.root,
             self.sessions,
             session,
             body,
-            max_tokens=self.cfg.program.max_tokens,
-            parser=self.m.spec.tool_parser,
+            max_tokens=self.program_cfg.max_tokens,
+            parser=spec.tool_parser,
             record=self.record,
         )
 
     def record(self, step: int, query_id: str, rollout: int, n: int, call: ChatCall) -> None:
+        """A call this role served in a program run: an episode of the query `<query>.<role>`."""
         self.store.episodes.record_call(
-            job_id=self.job_id,
-            step=step,
-            query_id=program_query(query_id, "planner"),
-            rollout=rollout,
-            call=n,
-            version=call.weights_version,
-            arrays=EpisodeArrays.of(call.token_ids, call.logp, call.mask),
-            finish_reason=call.finish_reason,
-            subtask=call.last_user,
-            result=call.content,
+            self.job_id, step, program_query(query_id, self.root), rollout, n, call
         )
 
     # ---- a rollout: one run of the program ---------------------------------------------------------
-    def rollout(
-        self, step: int, query_id: str, k: int, q: Question, temperature: float
-    ) -> tuple[Transcript, list[Delegation]]:
+    def rollout(self, step: int, query_id: str, k: int, q: Question, temperature: float) -> Rollout:
         """The run's answer as a transcript without tokens (the trained tokens are the recorded calls)."""
         session = session_id(step, query_id, k)
         urls = {r: f"{u.rstrip('/')}/v1/s/{session}" for r, u in self.role_urls.items()}
@@ -124,83 +123,94 @@ class ProgramRootJob(PlannerJob):
             tr.fail("empty_answer")
         else:
             tr.finish, tr.final = "answer", answer
-        return tr, []
+        return Rollout(tr)
 
     def produce(self, step: int) -> Rollouts:
-        timer, K = PhaseTimer(), self.cfg.rollouts_per_query
+        timer, r = PhaseTimer(), self.root
         self.wait_bound(step, timer)
         questions, errors_before, empty_before = (
-            self._questions(step),
+            self.questions(step),
             self.program_errors,
             self.empty_answers,
         )
         with timer("rollout"):
-            transcripts, _ = self._rollouts(step, questions)
+            queries = self.roll_out(step, questions)
         with timer("reward"):
-            scores = self._score(questions, transcripts, K)
-            correct = [v if tr.format_ok else 0.0 for v, tr in zip(scores.values, transcripts, strict=True)]
+            scores = self.queries.score(queries)
         with timer("exchange_redis"):
-            ids = self.store.episodes.step_ids(self.job_id, step)
-            qids = [f"q{qi}" for qi in range(len(questions))]
-            calls = {r: [episodes_of(ids, r, qid, K) for qid in qids] for r in self.cfg.flow.role_names}
-            stats = [
-                QueryStats(
-                    query_id=qid,
-                    rollouts=[
-                        RolloutStat(
-                            rollout=k,
-                            reward=correct[qi * K + k],
-                            correct=correct[qi * K + k],
-                            format_ok=transcripts[qi * K + k].format_ok,
-                            episodes={r: calls[r][qi][k] for r in self.remote},
-                        )
-                        for k in range(K)
-                    ],
-                    reward_mean=finite_mean(correct[qi * K : (qi + 1) * K]),
-                    reward_std=float(np.nanstd(correct[qi * K : (qi + 1) * K])),
-                )
-                for qi, qid in enumerate(qids)
-            ]
-            samples = self._own_samples(step, qids, calls["planner"], correct)
+            calls = self._calls(step, queries)
+            stats = [_stats(q, {c: calls[c][q.query_id] for c in self.remote}) for q in queries]
+            samples = self._own_samples(step, queries, calls[r])
+            correct = [x.correct for q in queries for x in q.rollouts]
             values = {
-                "planner/success": finite_mean(correct),
-                "planner/reward_mean": finite_mean(correct),
-                "planner/program_errors": float(self.program_errors - errors_before),
-                "planner/empty_answers": float(self.empty_answers - empty_before),
-                "planner/reward_rejected": float(scores.rejected),
-                "planner/reward_errors": float(scores.errors),
-                **{f"{r}/calls": float(sum(len(e) for per_q in calls[r] for e in per_q)) for r in calls},
-                **{f"planner/{k}": v for k, v in self.sessions.take_counts().items()},
+                f"{r}/success": finite_mean(correct),
+                f"{r}/reward_mean": finite_mean(correct),
+                f"{r}/program_errors": float(self.program_errors - errors_before),
+                f"{r}/empty_answers": float(self.empty_answers - empty_before),
+                f"{r}/reward_rejected": float(scores.rejected),
+                f"{r}/reward_errors": float(scores.errors),
+                **{f"{c}/calls": float(_count(per_query)) for c, per_query in calls.items()},
+                **{f"{r}/{k}": v for k, v in self.sessions.take_counts().items()},
             }
             message = PlannerStepStats(
                 job_id=self.job_id, step=step, policy_version=self.version, queries=stats
             )
-            produced = {r: sum(len(e) for per_q in calls[r] for e in per_q) for r in self.remote}
+            produced = {c: _count(calls[c]) for c in self.remote}
             self.publish_produced(step, [("planner_stats", message)], samples, values, produced)
         return Rollouts(step, samples, timer, values)
 
+    def _calls(self, step: int, queries: list[QueryRollouts]) -> dict[str, dict[str, list[list[str]]]]:
+        """Each role's recorded calls of the step: per query, per rollout, in call order."""
+        found = []
+        for eid in self.store.episodes.step_ids(self.job_id, step):
+            key = parse_episode_id(eid)
+            call = None if key is None else Call.of(eid, key.query_id, key.rollout, key.call)
+            if call is not None:
+                found.append(call)
+        K = self.cfg.rollouts_per_query
+        return {
+            role: {q.query_id: calls_per_rollout(found, role, q.query_id, K) for q in queries}
+            for role in self.job.flow.role_names
+        }
+
     def _own_samples(
-        self, step: int, qids: list[str], calls: list[list[list[str]]], correct: list[float]
+        self, step: int, queries: list[QueryRollouts], calls: dict[str, list[list[str]]]
     ) -> list[Sample]:
         """The root role's calls of each query, aligned to D per run and pooled, rewarded with the outcome."""
-        K, out = self.cfg.rollouts_per_query, []
-        for qi, qid in enumerate(qids):
-            seed = alignment_seed(self.cfg.seed, step, f"{qid}@run{self.cfg.run_seed}")
-            slots = align_query(
-                calls[qi], self.cfg.subagent_slots_per_rollout, seed=seed, mode=self.cfg.alignment
+        samples, _ = aligned_samples(
+            self.root,
+            [CalleeQuery(q.query_id, calls[q.query_id], [x.correct for x in q.rollouts]) for q in queries],
+            slots=self.cfg.subagent_slots_per_rollout,
+            mode=self.cfg.alignment,
+            seed_of=lambda qid: alignment_seed(self.cfg.seed, step, f"{qid}@run{self.cfg.run_seed}"),
+            fetch=lambda ids: {
+                eid: Episode.of(*got)
+                for eid, got in zip(ids, self.store.episodes.get_many(self.job_id, step, ids), strict=True)
+            },
+            reward=outcome_reward,
+        )
+        return samples
+
+
+def _count(per_query: dict[str, list[list[str]]]) -> int:
+    return sum(len(e) for per_rollout in per_query.values() for e in per_rollout)
+
+
+def _stats(q: QueryRollouts, episodes: dict[str, list[list[str]]]) -> QueryStats:
+    """A query's outcomes for the callees: each run's outcome, and each callee's calls in it."""
+    correct = [x.correct for x in q.rollouts]
+    return QueryStats(
+        query_id=q.query_id,
+        rollouts=[
+            RolloutStat(
+                rollout=k,
+                reward=x.correct,
+                correct=x.correct,
+                format_ok=x.transcript.format_ok,
+                episodes={role: per_rollout[k] for role, per_rollout in episodes.items()},
             )
-            if not slots:
-                continue
-            unique = list(dict.fromkeys(e for _, e in slots))
-            got = self.store.episodes.get_many(self.job_id, step, unique)
-            fetched = {
-                eid: Episode(
-                    Transcript(a.token_ids.tolist(), a.logp.tolist(), a.loss_mask.tolist(), 0),
-                    m.format_ok,
-                    math.nan,
-                    m.policy_version,
-                )
-                for eid, (m, a) in zip(unique, got, strict=True)
-            }
-            out += outcome_samples("planner", qid, slots, fetched, correct[qi * K : (qi + 1) * K])
-        return out
+            for k, x in enumerate(q.rollouts)
+        ],
+        reward_mean=finite_mean(correct),
+        reward_std=float(np.nanstd(correct)),
+    )

@@ -1,6 +1,7 @@
-"""What every root-role trainer shares: the step loop over the job's steps (a cancel stops it
-between steps), the bound on how far rollouts run ahead, and the wait for the callee roles to finish
-the last step.
+"""What every root-role trainer shares: its set-up (the role's model, its first policy published,
+a client per callee trainer), the step loop over the job's steps (a cancel stops it between steps),
+the bound on how far rollouts run ahead, the training half of a step, and the wait for the callee
+roles to finish the last step. A workflow's root job (`Workflow.root_job`) adds only `produce`.
 
 A step is two halves: `produce(step)` (wait for the bound, roll out, score, hand every callee role its
 share of the step through its Redis stream) and `train(rollouts)` (the root's own update, checkpoint,
@@ -25,19 +26,23 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgrpo.config import JobConfig
+from mgrpo.advantages import assign_advantages
 from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
+from mgrpo.runtime import Placement
 from mgrpo.timing import PhaseTimer
+from mgrpo.workflows import JobSpec
+from planner_trainer.delegate import CalleeClient, PartnerError
 from planner_trainer.partners import wait_applied
 from shared_store import EpisodeArrays, Store
 from shared_store.jobs import JobCancelled
-from shared_store.schemas import RootSampleMeta, StepMessage
+from shared_store.schemas import MetricsEvent, PolicyVersion, RootSampleMeta, StepMessage
+from shared_store.streams import publish_metrics
 
 log = logging.getLogger("mgrpo.root")
 ROLLOUT_THREADS = 128  # a step's episodes in flight at once (more wait for a free thread)
@@ -59,16 +64,39 @@ class _Stopped(Exception):
 
 
 class RootJob:
-    store: Store
-    job_id: str
-    cfg: JobConfig
-    m: RoleModel
-    start_step: int
-    remote: tuple[str, ...]  # the callee roles with trainers of their own
+    """The root role's trainer for one job. Subclasses write `produce(step)`; `train` is the same for
+    every workflow: `adv` → `update` → `checkpoint` → ledger, policy version, progress."""
+
+    max_batch = 256  # rows the root's engine decodes together (every rollout of a step at once)
+
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        job: JobSpec,
+        *,
+        callees: Mapping[str, CalleeClient],
+        placement: Placement,
+    ) -> None:
+        """`callees`: a client per callee role with a trainer of its own (`job.callee_trainers`)."""
+        self.store, self.job_id, self.job, self.cfg = store, job_id, job, job.cfg
+        self.root, self.remote = job.root, job.callee_trainers
+        missing = [r for r in self.remote if r not in callees]
+        if missing:
+            raise PartnerError(f"no service configured for role(s) {', '.join(missing)} (MGRPO_ROLE_URLS)")
+        self.callees, self.placement = callees, placement
+        last = store.ledger.last_step(job_id, self.root)
+        self.model = RoleModel(
+            job, self.root, placement=placement, job_id=job_id, last_step=last, max_batch=self.max_batch
+        )
+        self.start_step = self.model.start_step
+        store.policies.publish(
+            PolicyVersion(job_id=job_id, role=self.root, version=self.model.version, step=last)
+        )
 
     @property
     def version(self) -> int:
-        return self.m.version
+        return self.model.version
 
     @functools.cached_property
     def rollout_pool(self) -> ThreadPoolExecutor:
@@ -149,8 +177,8 @@ class RootJob:
                 if self._stop.is_set():
                     raise _Stopped()
                 self._cond.wait(0.1)
-        if self.cfg.mode != "co_train":
-            return  # main_only: the sub-agent never updates; single_agent: there is none
+        if not self.job.trains_callees:
+            return  # main_only: the callees never update
         with timer("wait_partner"):
             wait_applied(
                 self.store,
@@ -163,10 +191,10 @@ class RootJob:
         if self._stop.is_set():
             raise _Stopped()
 
-    def account_trained(self, role: str, step: int, n_samples: int, metrics: dict[str, float]) -> None:
+    def account_trained(self, step: int, n_samples: int, metrics: dict[str, float]) -> None:
         """The root's own queue for `step`: what its update trained and what it dropped as stale."""
         dropped = int(metrics.get("stale_dropped", 0))
-        self.store.accounts.record(self.job_id, role, step, trained=n_samples - dropped, dropped=dropped)
+        self.store.accounts.record(self.job_id, self.root, step, trained=n_samples - dropped, dropped=dropped)
 
     def finish_values(self, rollouts: Rollouts) -> dict[str, float]:
         """The step's timings and its period (seconds since the previous finished step)."""
@@ -212,7 +240,7 @@ class RootJob:
     def _account_produced(self, step: int, n_own: int, produced: dict[str, int]) -> None:
         for role, n in produced.items():  # a callee's first message's count stands
             self.store.accounts.record(self.job_id, role, step, first_wins=True, produced=n)
-        self.store.accounts.record(self.job_id, self.m.role, step, produced=n_own)
+        self.store.accounts.record(self.job_id, self.root, step, produced=n_own)
 
     def produce_once(self, step: int) -> Rollouts:
         """The step as this root already published it before a restart (trained on as it was), else a
@@ -235,11 +263,39 @@ class RootJob:
         log.info(
             "job %s: step %d was published before a restart; training on it as it was", self.job_id, step
         )
-        return Rollouts(step, samples, PhaseTimer(), {**kept.values, f"{self.m.role}/step_reused": 1.0})
+        return Rollouts(step, samples, PhaseTimer(), {**kept.values, f"{self.root}/step_reused": 1.0})
 
     def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
         """Train on one produced step; returns (step, the step's metrics)."""
-        raise NotImplementedError
+        step, samples, timer, r = rollouts.step, rollouts.samples, rollouts.timer, self.root
+        with timer("adv"):
+            adv = assign_advantages(samples)
+        with timer("update"):
+            metrics = self.model.update(samples, seed=step)
+        with timer("checkpoint"):
+            ckpt = self.model.save(step)
+        with timer("exchange_redis"):
+            self.account_trained(step, len(samples), metrics)
+            done = PolicyVersion(
+                job_id=self.job_id,
+                role=r,
+                version=self.version,
+                step=step,
+                checkpoint=self.model.shown(ckpt.path),
+            )
+            self.store.commit_step(done, roles=self.job.trainer_roles)
+        values = {
+            **{f"{r}/{k}": v for k, v in metrics.items()},
+            **rollouts.values,
+            f"{r}/adv_std": float(adv.std()) if len(adv) > 1 else 0.0,
+            f"{r}/version": float(self.version),
+            **self.finish_values(rollouts),
+        }
+        publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=step, role=r, values=values))
+        return step, values
+
+    def close(self) -> None:
+        self.model.close()
 
     def finish(self) -> None:
         """Return once every callee role applied the last step (the job then succeeds)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,18 +13,26 @@ from mgrpo import __version__
 from services import cli_serve  # noqa: F401  (`serve` and `engine`, listed first)
 from services.cli_base import app, console, fail, read_config
 
+if TYPE_CHECKING:
+    from mgrpo.workflows import Workflow
+
 WorkflowOpt = Annotated[
     str,
     typer.Option(
-        help="deep_research (planner → sub-agent), deep_research_team (planner → searcher | comparer) or marsrl (solver → verifier → corrector)."
+        help="deep_research (planner → sub-agent), deep_research_team (planner → searcher | comparer), marsrl (solver → verifier → corrector), or an installed plugin's (`mgrpo workflows` lists them)."
     ),
 ]
 SharedOpt = Annotated[bool, typer.Option(help="marsrl: one model and one trainer for every role.")]
 
 
-def _check_workflow(workflow: str) -> None:
-    if workflow not in ("deep_research", "deep_research_team", "marsrl"):
-        raise fail(f"unknown workflow {workflow!r}: choose deep_research, deep_research_team or marsrl")
+def _workflow(name: str) -> Workflow:
+    """The workflow table's entry (a clear error naming the choices when there is none)."""
+    from mgrpo.workflows import get_workflow
+
+    try:
+        return get_workflow(name)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 local_app = typer.Typer(help="A local cluster: embedded Redis + the three services as separate processes.")
@@ -77,10 +85,12 @@ def local_up(
     ] = None,
 ) -> None:
     """Start the cluster in the foreground, restarting any service that dies (Ctrl-C stops it)."""
-    from services.launcher import LocalCluster, workflow_roles
+    from services.launcher import LocalCluster
 
-    _check_workflow(workflow)
-    roles = workflow_roles(workflow, shared=shared)
+    try:
+        roles = _workflow(workflow).cluster_roles(shared=shared)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     cluster = LocalCluster(
         run_dir,
         redis_url=redis_url,
@@ -199,7 +209,7 @@ def version() -> None:
 @app.command()
 def warmstart(
     steps: Annotated[
-        int | None, typer.Option(min=1, help="SFT steps (default: the documented early stop).")
+        int | None, typer.Option(min=1, help="SFT steps (default: the workflow's documented early stop).")
     ] = None,
     n_people: Annotated[int | None, typer.Option(min=10, help="People in the generated world.")] = None,
     seed: Annotated[int, typer.Option(help="World and training seed.")] = 0,
@@ -207,56 +217,44 @@ def warmstart(
     single_agent: Annotated[bool, typer.Option(help="Warm-start the single-agent baseline instead.")] = False,
     workflow: WorkflowOpt = "deep_research",
     eval_questions: Annotated[
-        int | None, typer.Option(min=0, help="Held-out questions per stage it is evaluated on (0 skips).")
+        int | None, typer.Option(min=0, help="Held-out questions (problems) it is evaluated on (0 skips).")
     ] = None,
 ) -> None:
-    """Warm-start (SFT) the tiny models of a workflow on demonstrations; cached and reused."""
-    from mgrpo.warmstart import WarmstartConfig
-
-    _check_workflow(workflow)
-    if workflow == "marsrl":
-        _marsrl_warmstart(steps, seed, cache_dir)
-        return
-
-    default = WarmstartConfig()
-    cfg = WarmstartConfig(
-        seed=seed,
-        steps=steps or default.steps,
-        n_people=n_people or default.n_people,
-        eval_questions=default.eval_questions if eval_questions is None else eval_questions,
-    )
+    """Warm-start (SFT) the preset models of a workflow on demonstrations: the cache a job with these
+    settings uses, built once and reused."""
+    from mgrpo.config import JobConfig
+    from mgrpo.workflows import JobConfigError, job_spec
     from services.demo import warmstart_with_progress
 
-    team = workflow == "deep_research_team"
-    result = warmstart_with_progress(cfg, cache_dir, console, single_agent=single_agent, team=team)
-    console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
-    for name, m in result.metrics.items():
-        process = "  ".join(f"{k} {v:.2f}" for k, v in m.items() if k not in ("success", "majority_baseline"))
-        console.print(
-            f"[bold]{name}[/] success {m['success']:.2f}  majority baseline {m['majority_baseline']:.2f}"
-        )
-        console.print(f"  [dim]{process}[/]")
+    _workflow(workflow)
+    options = {"n_people": n_people} if n_people is not None else {}
+    mode = "single_agent" if single_agent else "co_train"
+    try:
+        job = job_spec(JobConfig(workflow=workflow, mode=mode, seed=seed, warmstart_steps=steps, **options))
+        ws = job.warm_start()
+    except (JobConfigError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    config = ws.config(job)
+    if eval_questions is not None:
+        config = ws.evaluated_on(config, eval_questions)
+    built = warmstart_with_progress(job, cache_dir, console, config)
+    console.print(f"{'cached' if built.cached else 'trained'}: {built.folder}")
+    for line in ws.summary(built):
+        console.print(line)
 
 
-def _marsrl_warmstart(steps: int | None, seed: int, cache_dir: Path) -> None:
-    from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
-    from services.demo import marsrl_warmstart_with_progress
+@app.command()
+def workflows() -> None:
+    """List the workflows a job can name (built-ins and installed plugins) with their roles."""
+    from rich.table import Table
 
-    cfg = MarsWarmstartConfig(seed=seed, steps=steps or MarsWarmstartConfig().steps)
-    result = marsrl_warmstart_with_progress(cfg, cache_dir, console)
-    console.print(f"{'cached' if result.cached else 'trained'}: {result.folder}")
-    for name, m in result.metrics.items():
-        console.print(
-            f"[bold]{name}[/] solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  "
-            f"verifier accuracy {m['verifier_accuracy']:.2f} (always-Correct {m['always_correct_verifier_accuracy']:.2f})"
-        )
+    from mgrpo.workflows import all_workflows
 
-
-# The demos' held-out evaluations. Deep research: 1,600 questions put the gain's paired standard error
-# near 0.011 (0.022 at 400, where one run's first 400 questions printed +0.045 and all 1,600 +0.086:
-# README, "Why 1,600 questions"); it takes ~2 minutes on 2 cores. MarsRL: its 400 problems, as documented.
-DEMO_EVAL_QUESTIONS = 1600
-MARSRL_EVAL_PROBLEMS = 400
+    table = Table("WORKFLOW", "ROLES (root first)", "MODES", "DEMO", "DESCRIPTION")
+    for wf in all_workflows().values():
+        roles = ", ".join((wf.root, *wf.callees))
+        table.add_row(wf.name, roles, ", ".join(wf.modes), "yes" if wf.demo else "", wf.description)
+    console.print(table)
 
 
 @app.command()
@@ -274,8 +272,7 @@ def demo(
         typer.Option(
             min=10,
             max=10_000,
-            help="Held-out questions (problems) of the before/after evaluation "
-            f"(default: {DEMO_EVAL_QUESTIONS} for deep research, {MARSRL_EVAL_PROBLEMS} for MarsRL).",
+            help="Held-out questions (problems) of the before/after evaluation (default: the workflow demo's: 1,600 for deep research, 400 for MarsRL).",
         ),
     ] = None,
     workflow: WorkflowOpt = "deep_research",
@@ -287,43 +284,19 @@ def demo(
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the services as separate
     processes, one job over REST with live progress, then held-out results before/after."""
-    from services.demo import run_demo
-    from services.demo_marsrl import run_marsrl_demo
+    from services.demo import DemoOptions
 
-    _check_workflow(workflow)
-    if workflow == "deep_research_team":
-        raise fail(
-            "the deep_research_team workflow has no demo yet: run a job with `mgrpo train -c job.yaml`"
-        )
+    wf = _workflow(workflow)
+    if not wf.demo:
+        raise fail(f"the {wf.name} workflow has no demo yet: run a job with `mgrpo train -c job.yaml`")
+    if shared and not wf.shares_root_model:
+        raise fail(f"--shared: the {wf.name} workflow trains each role with a model of its own")
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    if workflow == "marsrl":
-        try:
-            run_marsrl_demo(
-                out,
-                steps=steps,
-                redis_url=redis_url,
-                cache_dir=cache_dir,
-                lr=lr,
-                eval_problems=eval_questions or MARSRL_EVAL_PROBLEMS,
-                shared=shared,
-                warmstart_steps=warmstart_steps,
-                console=console,
-            )
-        except (RuntimeError, ValueError) as exc:
-            raise fail(str(exc)) from None
-        return
+    options = DemoOptions(
+        steps, redis_url, cache_dir, lr, ppo_epochs, eval_questions, shared, warmstart_steps
+    )
     try:
-        run_demo(
-            out,
-            steps=steps,
-            redis_url=redis_url,
-            cache_dir=cache_dir,
-            lr=lr,
-            ppo_epochs=ppo_epochs,
-            eval_questions=eval_questions or DEMO_EVAL_QUESTIONS,
-            console=console,
-            warmstart_steps=warmstart_steps,
-        )
+        wf.load("demo")(out, options, console)
     except (RuntimeError, ValueError) as exc:
         raise fail(str(exc)) from None
 

@@ -1,5 +1,9 @@
 """What every part of the `mgrpo` command line shares: the typer app, the console, how a command fails
-(a message, exit code 2, no traceback) and how a job config file is read."""
+(a message, exit code 2, no traceback) and how a job config file is read.
+
+The command modules (`services/cli*.py`) import what a command runs inside the command, so that
+`mgrpo --help` and the quick commands start without torch; the architecture test exempts them from
+commenting each such import."""
 
 from __future__ import annotations
 

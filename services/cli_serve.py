@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -78,57 +78,48 @@ def serve(
     """Run one service with uvicorn (settings from MGRPO_* and REDIS_URL environment variables)."""
     import uvicorn
 
-    apps = {
-        "controller": "services.controller:app",
-        "planner": "services.planner:app",
-        "subagent": "services.subagent:app",
-    }
-    if role not in apps:
-        raise fail(f"unknown role {role!r}: choose one of {', '.join(apps)}")
+    kinds = ("controller", "planner", "subagent")
+    if role not in kinds:
+        raise fail(f"unknown role {role!r}: choose one of {', '.join(kinds)}")
     from pydantic import ValidationError
 
-    from mgrpo.runtime import resolve_device
-    from services.settings import get_settings
+    from services.settings import Settings
 
     given = {
-        "MGRPO_ROLE": as_role,
-        "MGRPO_RANKS": ranks,
-        "MGRPO_NODES": nodes,
-        "MGRPO_NODE_RANK": node_rank,
-        "MGRPO_RENDEZVOUS": rendezvous,
-        "MGRPO_BACKEND": backend,
-        "MGRPO_PIPELINE_STAGES": pipeline_stages,
+        "role": as_role,
+        "ranks": ranks,
+        "nodes": nodes,
+        "node_rank": node_rank,
+        "rendezvous": rendezvous,
+        "backend": backend,
+        "pipeline_stages": pipeline_stages,
     }
-    for name, value in given.items():
-        if value is not None:
-            if role == "controller":
-                option = "--" + name.removeprefix("MGRPO_").lower().replace("_", "-")
-                raise fail(f"{option} is for the trainer services (planner, subagent), not the controller")
-            os.environ[name] = str(value)
-    get_settings.cache_clear()
+    chosen: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    if role == "controller" and chosen:
+        option = "--" + next(iter(chosen)).replace("_", "-")
+        raise fail(f"{option} is for the trainer services (planner, subagent), not the controller")
     try:  # bad settings fail here, with their variable named, not inside uvicorn's start-up
-        settings = get_settings()
-        if role != "controller":
-            resolve_device(settings.device)
+        settings = Settings(**chosen)
     except ValidationError as exc:
         raise fail(
             "bad service setting: " + "; ".join(_env_error(e["loc"], e["msg"]) for e in exc.errors())
         ) from None
-    except RuntimeError as exc:
-        raise fail(str(exc)) from None
 
-    def run() -> None:
+    def run(app: Any) -> None:
+        # SIGTERM: stopped within ~2 s
         uvicorn.run(
-            apps[role],
+            app,
             host=host,
             port=port,
             log_level=log_level,
             timeout_graceful_shutdown=settings.shutdown_grace_s,
-        )  # SIGTERM: stopped within ~2 s
+        )
 
     if role == "controller":
-        return run()
-    _serve_trainer(settings, run, host, port)
+        from services.controller import create_app
+
+        return run(create_app(settings))
+    _serve_trainer(settings, role, run, host, port)
 
 
 def torchrun_args(settings: Settings) -> list[str]:
@@ -149,33 +140,46 @@ def torchrun_args(settings: Settings) -> list[str]:
     return ["-m", "torch.distributed.run", *where, f"--nproc-per-node={settings.ranks}", "--max-restarts=0"]
 
 
-def _serve_trainer(settings: Settings, run: Callable[[], None], host: str, port: int) -> None:
+def _serve_trainer(settings: Settings, kind: str, run: Callable[[Any], None], host: str, port: int) -> None:
     """A trainer service on W = nodes × ranks ranks: not yet under torchrun, this very command
     restarts under it; there, rank 0 runs the service and the others run its training calls (the
     first of them on a node > 0 answers the health probes on the service's port)."""
+    from mgrpo.runtime import resolve_device
+
+    try:
+        resolve_device(settings.device)
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
     if settings.nodes * settings.ranks > 1 and "WORLD_SIZE" not in os.environ:
         argv = [sys.executable, *torchrun_args(settings), "-m", "services.cli", *sys.argv[1:]]
         os.execv(sys.executable, argv)
     from mgrpo.parallel import group
-    from mgrpo.parallel import ranks as rank_calls
+    from mgrpo.parallel.ranks import RankGroup
 
-    rank_calls.configure(settings.backend, settings.pipeline_stages)
+    ranks = RankGroup(settings.backend, settings.pipeline_stages)
     if group.init_from_env() and group.rank() > 0:
         if settings.node_rank > 0 and os.environ.get("LOCAL_RANK") == "0":
             from services.node_health import serve_health
 
             serve_health(host, port)
-        rank_calls.serve()
+        ranks.serve()
         return
     if group.joined_world() > 1:
         stages = f" over {settings.pipeline_stages} pipeline stages" if settings.pipeline_stages > 1 else ""
         console.print(
             f"training on {group.joined_world()} ranks over {settings.nodes} node(s), backend {settings.backend}{stages}"
         )
+    from services import planner, subagent
+
+    factories = {"planner": planner.create_app, "subagent": subagent.create_app}
     try:
-        run()
+        run(
+            factories[kind](
+                settings.role or kind, settings, ranks=ranks if group.joined_world() > 1 else None
+            )
+        )
     finally:
-        rank_calls.shutdown()
+        ranks.shutdown()
 
 
 def _env_error(loc: tuple[int | str, ...], msg: str) -> str:

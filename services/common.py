@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.settings import Settings, get_settings
+from services.settings import Settings
 from shared_store import Store, keys
 from shared_store.capabilities import CapabilityError
 from shared_store.connection import StoreUnavailableError, ping_now
@@ -27,7 +27,15 @@ from shared_store.jobs import JobConflictError, JobNotFoundError
 from shared_store.schemas import MetricsEvent, PayloadError, SchemaVersionError, decode
 
 _bearer = HTTPBearer(auto_error=False)
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def app_settings(request: Request) -> Settings:
+    """The settings the app was built with (`create_app(…, settings)`)."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(app_settings)]
 
 
 def get_store(request: Request) -> Store:

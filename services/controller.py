@@ -8,16 +8,17 @@ import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, NoReturn, cast
+from typing import Annotated, NoReturn, cast
 
-from fastapi import FastAPI, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from mgrpo import datasets
 from mgrpo.config import JobConfig
+from mgrpo.workflows import JobConfigError, job_spec
 from services.api import CheckpointList, DatasetList, DatasetView, JobList, JobView, MetricsList
 from services.common import AuthDep, ReadDep, SettingsDep, StoreDep, install_common
-from services.settings import get_settings
+from services.settings import Settings
 from shared_store import Store, keys
 from shared_store.datasets import DatasetNotFoundError
 from shared_store.jobs import JobNotFoundError
@@ -26,18 +27,26 @@ from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, decode
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = get_settings()
+    settings: Settings = app.state.settings
     app.state.store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
     yield
 
 
-app = FastAPI(
-    title="mgrpo controller",
-    version="0.1.0",
-    lifespan=lifespan,
-    description="Submit and follow decoupled M-GRPO training jobs.",
-)
-install_common(app, "controller")
+router = APIRouter()
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The controller service: the REST job API over the store `settings` name."""
+    app = FastAPI(
+        title="mgrpo controller",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Submit and follow decoupled M-GRPO training jobs.",
+    )
+    app.state.settings = settings
+    install_common(app, "controller")
+    app.include_router(router)
+    return app
 
 
 def job_view(store: Store, record: JobRecord) -> JobView:
@@ -46,7 +55,7 @@ def job_view(store: Store, record: JobRecord) -> JobView:
         k.decode(): decode(MetricsEvent, v).values
         for k, v in cast(dict[bytes, bytes], store.client.hgetall(keys.metrics(jid))).items()
     }
-    roles = record.roles or list(keys.ROLES)
+    roles = record.roles or list(keys.LEGACY_ROLES)
     versions = {r: v.version for r in roles if (v := store.policies.get(jid, r)) is not None}
     return JobView(
         **record.model_dump(include=set(JobView.model_fields) & set(record.model_fields)),
@@ -57,7 +66,7 @@ def job_view(store: Store, record: JobRecord) -> JobView:
     )
 
 
-@app.post(
+@router.post(
     "/v1/datasets",
     status_code=status.HTTP_201_CREATED,
     response_model=DatasetView,
@@ -113,7 +122,7 @@ def _too_large(limit: int) -> str:
     return f"the dataset is larger than {limit} bytes (MGRPO_MAX_DATASET_BYTES); split it, or use a file:// or s3:// URI in the job's dataset.source"
 
 
-@app.get("/v1/datasets", response_model=DatasetList, dependencies=[ReadDep], tags=["datasets"])
+@router.get("/v1/datasets", response_model=DatasetList, dependencies=[ReadDep], tags=["datasets"])
 def list_datasets(store: StoreDep) -> DatasetList:
     return DatasetList(
         datasets=[
@@ -122,7 +131,9 @@ def list_datasets(store: StoreDep) -> DatasetList:
     )
 
 
-@app.get("/v1/datasets/{dataset_id}", response_model=DatasetView, dependencies=[ReadDep], tags=["datasets"])
+@router.get(
+    "/v1/datasets/{dataset_id}", response_model=DatasetView, dependencies=[ReadDep], tags=["datasets"]
+)
 def get_dataset(dataset_id: str, store: StoreDep) -> DatasetView:
     info = store.datasets.info(dataset_id) if _DATASET_ID.match(dataset_id) else None
     if info is None:
@@ -165,7 +176,7 @@ def _unprocessable(loc: tuple[str, ...], msg: str) -> NoReturn:
     )
 
 
-@app.post(
+@router.post(
     "/v1/jobs",
     status_code=status.HTTP_201_CREATED,
     response_model=JobView,
@@ -191,6 +202,10 @@ def create_job(
                 status.HTTP_422_UNPROCESSABLE_CONTENT,
                 [{"loc": ["query", "job_id"], "type": "value_error", "msg": str(exc)}],
             ) from None
+    try:
+        job = job_spec(config)
+    except JobConfigError as exc:
+        _unprocessable(exc.loc, exc.msg)
     size = config.steps * config.prompts_per_step * config.rollouts_per_query
     if size > settings.max_job_rollouts:
         _unprocessable(
@@ -198,8 +213,8 @@ def create_job(
             f"steps × prompts_per_step × rollouts_per_query = {size:,} rollouts, over this "
             f"service's limit of {settings.max_job_rollouts:,} (MGRPO_MAX_JOB_ROLLOUTS)",
         )
-    for role in config.flow.role_names:  # the generation budget: every role's context
-        context = config.model_of(role).max_context_tokens
+    for role in job.flow.role_names:  # the generation budget: every role's context
+        context = job.model_of(role).max_context_tokens
         if context > settings.max_context_tokens:
             _unprocessable(
                 ("roles", role, "model", "max_context_tokens"),
@@ -207,11 +222,11 @@ def create_job(
                 f"limit of {settings.max_context_tokens:,} (MGRPO_MAX_CONTEXT_TOKENS)",
             )
     _check_dataset(store, config)
-    record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=config.trainer_roles)
+    record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=job.trainer_roles)
     return job_view(store, record)
 
 
-@app.get("/v1/jobs", response_model=JobList, dependencies=[ReadDep], tags=["jobs"])
+@router.get("/v1/jobs", response_model=JobList, dependencies=[ReadDep], tags=["jobs"])
 def list_jobs(
     store: StoreDep,
     offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
@@ -221,29 +236,29 @@ def list_jobs(
     return JobList(jobs=[job_view(store, r) for r in records], total=total, offset=offset, limit=limit)
 
 
-@app.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[ReadDep], tags=["jobs"])
+@router.get("/v1/jobs/{job_id}", response_model=JobView, dependencies=[ReadDep], tags=["jobs"])
 def get_job(job_id: str, store: StoreDep) -> JobView:
     return job_view(store, store.jobs.get(_checked(job_id)))
 
 
-@app.post("/v1/jobs/{job_id}/cancel", response_model=JobView, dependencies=[AuthDep], tags=["jobs"])
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, dependencies=[AuthDep], tags=["jobs"])
 def cancel_job(job_id: str, store: StoreDep) -> JobView:
     return job_view(store, store.jobs.request_cancel(_checked(job_id)))
 
 
-@app.post("/v1/jobs/{job_id}/resume", response_model=JobView, dependencies=[AuthDep], tags=["jobs"])
+@router.post("/v1/jobs/{job_id}/resume", response_model=JobView, dependencies=[AuthDep], tags=["jobs"])
 def resume_job(job_id: str, store: StoreDep) -> JobView:
     """A failed or cancelled job runs on from its last finished step (409 for any other status)."""
     return job_view(store, store.jobs.resume(_checked(job_id)))
 
 
-@app.get("/v1/jobs/{job_id}/metrics", response_model=MetricsList, dependencies=[ReadDep], tags=["jobs"])
+@router.get("/v1/jobs/{job_id}/metrics", response_model=MetricsList, dependencies=[ReadDep], tags=["jobs"])
 def job_metrics(job_id: str, store: StoreDep) -> MetricsList:
     store.jobs.get(_checked(job_id))
     return MetricsList(job_id=job_id, records=[e for e in _events(store, job_id) if e.kind == "metrics"])
 
 
-@app.get(
+@router.get(
     "/v1/jobs/{job_id}/checkpoints", response_model=CheckpointList, dependencies=[ReadDep], tags=["jobs"]
 )
 def job_checkpoints(job_id: str, store: StoreDep) -> CheckpointList:
@@ -251,7 +266,9 @@ def job_checkpoints(job_id: str, store: StoreDep) -> CheckpointList:
     return CheckpointList(job_id=job_id, checkpoints=store.policies.checkpoints(job_id))
 
 
-@app.get("/v1/jobs/{job_id}/events", dependencies=[ReadDep], tags=["jobs"], response_class=StreamingResponse)
+@router.get(
+    "/v1/jobs/{job_id}/events", dependencies=[ReadDep], tags=["jobs"], response_class=StreamingResponse
+)
 async def job_events(job_id: str, store: StoreDep) -> StreamingResponse:
     """Server-sent events: every metrics record and event of the job, then `end` once it finished."""
     store.jobs.get(_checked(job_id))
@@ -284,7 +301,3 @@ def _checked(job_id: str) -> str:
         return keys.check_id("job id", job_id)
     except ValueError as exc:
         raise JobNotFoundError(job_id) from exc
-
-
-def main_app() -> Any:  # uvicorn factory hook
-    return app

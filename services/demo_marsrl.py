@@ -24,13 +24,14 @@ from rich.table import Table
 from mgrpo.config import JobConfig
 from mgrpo.evaluation import PairedGain, paired_gain
 from mgrpo.models import load
-from mgrpo.runtime import marsrl_warmstart_config
 from mgrpo.tasks.arithmetic import make_problems
+from mgrpo.workflows import job_spec
 from mgrpo.workflows.marsrl import ACCURACIES
-from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstartConfig, evaluate_system
-from services.demo import marsrl_warmstart_with_progress, plot_run, run_job
+from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstart, MarsWarmstartConfig, evaluate_system
+from services.demo import DemoOptions, plot_run, run_job, warmstart_with_progress
 from services.launcher import LocalCluster
 
+EVAL_PROBLEMS = 400  # the MarsRL demo's held-out problems
 ROWS = (
     "solver_accuracy",
     "system_accuracy",
@@ -68,22 +69,22 @@ def majority_baseline(cfg: MarsWarmstartConfig, n: int) -> float:
     return sum(p.answer == guess for p in held) / len(held)
 
 
-def run_marsrl_demo(
-    out: Path,
-    *,
-    steps: int,
-    redis_url: str | None,
-    cache_dir: Path,
-    lr: float,
-    eval_problems: int,
-    shared: bool,
-    console: Console,
-    warmstart_steps: int | None = None,
-) -> dict[str, Any]:
+def eval_count(options: DemoOptions) -> int:
+    """The held-out problems this demo evaluates on: the option, else its default."""
+    return options.eval_questions or EVAL_PROBLEMS
+
+
+def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any]:
+    """The MarsRL demo (module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
-    job = marsrl_job(steps, lr, shared=shared, warmstart_steps=warmstart_steps)
-    ws = marsrl_warmstart_config(job)
-    warm = marsrl_warmstart_with_progress(ws, cache_dir, console)
+    redis_url, cache_dir, shared = options.redis_url, options.cache_dir, options.shared
+    eval_problems = eval_count(options)
+    job = job_spec(
+        marsrl_job(options.steps, options.lr, shared=shared, warmstart_steps=options.warmstart_steps)
+    )
+    ws = job.warm_start().config(job)
+    warm = warmstart_with_progress(job, cache_dir, console, ws)
+    assert isinstance(warm, MarsWarmstart)
     cluster = LocalCluster(
         out,
         redis_url=redis_url,
@@ -95,7 +96,7 @@ def run_marsrl_demo(
         f"trainer service(s); logs in {out}/logs[/]"
     )
     with cluster:
-        final, rows, latest = run_job(cluster, job, out, console, title="MarsRL")
+        final, rows, latest = run_job(cluster, job.cfg, out, console, title="MarsRL")
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
     job_id = final["job_id"]

@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.sglang import weight_version
+from mgrpo.models import load
 from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group, unflatten_bytes
 
 OnRequest = Callable[[str, Any], None]  # (endpoint, what it got): an observer, e.g. for tests
@@ -269,8 +270,6 @@ def _result(s: Sample, prompt_tokens: int) -> dict[str, Any]:
 
 def serve_app(model_dir: str, *, max_batch: int = 64) -> tuple[FastAPI, HFEngine]:
     """The app of `mgrpo engine`: the model loaded from `model_dir`, an own-weights `hf` engine."""
-    from mgrpo.models import load
-
     model, tokenizer = load(model_dir)
     engine = HFEngine(model, tokenizer, max_batch=max_batch, own_weights=True)
     return make_app(engine, staging=model, model_path=model_dir), engine

@@ -73,7 +73,7 @@ class _RoleModel(Protocol):
 
 class _RunningJob(Protocol):
     job_id: str
-    m: _RoleModel
+    model: _RoleModel
 
     @property
     def version(self) -> int: ...
@@ -89,8 +89,8 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
             raise HTTPException(
                 status.HTTP_409_CONFLICT, f"the {role} service is not running a job; submit one first"
             )
-        positions = getattr(job.m.model.config, "max_position_embeddings", None)
-        return generate_with(job.m.engine, job.m.tokenizer, body, job.version, settings, positions)
+        positions = getattr(job.model.model.config, "max_position_embeddings", None)
+        return generate_with(job.model.engine, job.model.tokenizer, body, job.version, settings, positions)
 
     @app.get("/v1/policy", response_model=PolicyView, dependencies=[ReadDep], tags=[role])
     def policy(request: Request) -> PolicyView:
@@ -102,8 +102,8 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
             job_id=job.job_id,
             version=job.version,
             step=job.version - 1,
-            model=type(job.m.model).__name__,
-            device=str(job.m.model.device),
+            model=type(job.model.model).__name__,
+            device=str(job.model.model.device),
         )
 
     add_chat_routes(app, role, current)

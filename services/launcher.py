@@ -2,8 +2,8 @@
 process.
 
 Used by `mgrpo local up`, `mgrpo demo` and the end-to-end tests. `roles` lists the workflow roles
-that run a trainer, root first (default: deep_research's planner and sub-agent; marsrl: solver,
-verifier, corrector, or just solver when the others share its model). The root is started with
+that run a trainer, root first (`Workflow.cluster_roles`; default: deep_research's planner and
+sub-agent). The root is started with
 `python -m services.cli serve planner --role <root>`, every other role with `serve subagent --role
 <role>`; the root finds them through MGRPO_ROLE_URLS. Each log goes to `<run_dir>/logs/<role>.log`.
 A role given W > 1 `ranks` is served with `serve … --ranks W`, which runs it under torchrun (W
@@ -28,18 +28,10 @@ from pathlib import Path
 
 import httpx
 
+from mgrpo.workflows import DEEP_RESEARCH
 from shared_store.embedded import RedisServer, free_port
 
-ROLES = ("planner", "subagent")  # deep_research's trainer roles, the default
-
-
-def workflow_roles(workflow: str, *, shared: bool = False) -> tuple[str, ...]:
-    """The trainer roles of a built-in workflow's cluster (`shared`: marsrl with one model for all roles)."""
-    if workflow == "marsrl":
-        return ("solver",) if shared else ("solver", "verifier", "corrector")
-    if workflow == "deep_research_team":
-        return ("planner", "searcher", "comparer")
-    return ROLES
+ROLES = DEEP_RESEARCH.cluster_roles()  # the default workflow's trainer roles (`Workflow.cluster_roles`)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Service settings from the environment (pydantic-settings), behind a cached getter.
+"""Service settings from the environment (pydantic-settings): `Settings()` reads them once, where a
+service is started (`mgrpo serve`), and the service's factory takes them (`create_app(…, settings)`).
 
 The same names are used by the compose file and the Helm values: `REDIS_URL`, `MGRPO_API_TOKEN`,
 `MGRPO_SUBAGENT_URL`, `MGRPO_ROLE`, `MGRPO_ROLE_URLS`, `MGRPO_CHECKPOINT_DIR`, `MGRPO_CACHE_DIR`, `MGRPO_CONSUMER_NAME`, …
@@ -7,7 +8,6 @@ The same names are used by the compose file and the Helm values: `REDIS_URL`, `M
 from __future__ import annotations
 
 import socket
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -160,8 +160,3 @@ class Settings(BaseSettings):
 
     def callee_url(self, role: str) -> str | None:
         return self.role_urls.get(role) or (self.subagent_url if role == "subagent" else None)
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

@@ -1,75 +1,56 @@
 """A callee role's service (deep_research's sub-agent; marsrl's verifier or corrector, each started
 with `mgrpo serve subagent --role <name>`): serves the role's episodes (`POST /v1/episodes`) with its
-current policy, records each in Redis, and trains on every step's intake in its job worker."""
+current policy, records each in Redis, and trains on every step's intake in its job worker. Built by
+`create_app(role, settings)`."""
 
 from __future__ import annotations
 
 import time
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import resolve_device
+from mgrpo.parallel.ranks import RankGroup
+from mgrpo.workflows import job_spec
 from services.api import EpisodeRequest, EpisodeResponse
 from services.common import ServiceDep, install_common, running_job
 from services.generate import add_policy_routes
-from services.settings import get_settings
-from services.worker import service_role, trainer_lifespan
+from services.settings import Settings
+from services.worker import placement_of, trainer_lifespan
 from shared_store import Store
-from subagent_trainer.job import CalleeJob, callee_job
-
-ROLE = service_role("subagent")
+from subagent_trainer.job import CalleeJob
 
 
-class SubagentRuntime:
-    """The active job of this service (one at a time)."""
+class CalleeRuntime:
+    """The running job of this service (one at a time), as the callee role `role` of its workflow."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.settings = get_settings()
+    def __init__(self, store: Store, role: str, settings: Settings, ranks: RankGroup | None = None) -> None:
+        self.store, self.role, self.settings, self.ranks = store, role, settings, ranks
         self.job: CalleeJob | None = None
 
     def run_job(self, job_id: str, cfg: JobConfig) -> bool:
-        s = self.settings
-        if ROLE not in cfg.trainer_roles or cfg.flow.root == ROLE:
+        job = job_spec(cfg)
+        if self.role not in job.callee_trainers:
             raise ValueError(
-                f"this service trains role {ROLE!r}, which the job's {cfg.workflow} workflow does not give a trainer of its own"
+                f"this service trains role {self.role!r}, which the job's {job.flow.name} workflow does not give a trainer of its own"
             )
-        job = callee_job(cfg)(
-            self.store,
-            job_id,
-            cfg,
-            ROLE,
-            cache_dir=s.cache_dir,
-            checkpoint_dir=s.checkpoint_dir,
-            device=resolve_device(s.device),
-            sglang_url=s.sglang_url,
-            sglang_sync_host=s.sglang_sync_host,
-            consumer_name=s.consumer_name,
-        )
-        self.job = job
+        cls: type[CalleeJob] = job.workflow.load("callee_job")
+        callee = cls(self.store, job_id, job, self.role, placement=placement_of(self.settings, self.ranks))
+        self.job = callee
         try:
-            job.run()
+            callee.run()
             return False  # the root declares success once it sees the last step in every ledger
         finally:
             self.job = None
-            job.close()
+            callee.close()
 
 
-lifespan = trainer_lifespan(ROLE, SubagentRuntime, threads=512)
-
-app = FastAPI(
-    title=f"mgrpo {ROLE}",
-    version="0.1.0",
-    lifespan=lifespan,
-    description="A callee role: its episodes with the current policy, and its trainer.",
-)
-install_common(app, ROLE)
 JobDep = Annotated[Any, Depends(running_job)]
+router = APIRouter()
 
 
-@app.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[ServiceDep], tags=["sub-agent"])
+@router.post("/v1/episodes", response_model=EpisodeResponse, dependencies=[ServiceDep], tags=["sub-agent"])
 def run_episode(body: EpisodeRequest, job: JobDep, request: Request, response: Response) -> EpisodeResponse:
     """Run one delegated input with the current policy and record the episode in Redis. The
     `Server-Timing` header reports, in ms, the handler's time (`episode`), its Redis write (`store`) and
@@ -104,4 +85,18 @@ def _current(request: Request) -> Any:
     return request.app.state.runtime.job
 
 
-add_policy_routes(app, ROLE, _current)
+def create_app(role: str, settings: Settings, *, ranks: RankGroup | None = None) -> FastAPI:
+    """The callee-role trainer service for `role` (e.g. subagent, verifier)."""
+    app = FastAPI(
+        title=f"mgrpo {role}",
+        version="0.1.0",
+        lifespan=trainer_lifespan(
+            role, lambda store: CalleeRuntime(store, role, settings, ranks), threads=512
+        ),
+        description="A callee role: its episodes with the current policy, and its trainer.",
+    )
+    app.state.settings = settings
+    install_common(app, role)
+    app.include_router(router)
+    add_policy_routes(app, role, _current)
+    return app

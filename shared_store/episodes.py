@@ -11,16 +11,29 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import redis
 
 from shared_store import keys
 from shared_store._text import as_str
 from shared_store.codec import EpisodeArrays, seal, unseal
-from shared_store.schemas import EpisodeMeta, episode_id
+from shared_store.keys import episode_id
+from shared_store.schemas import EpisodeMeta
 
 EPISODE_TTL_S = 2 * 24 * 3600
+
+
+class ServedCall(Protocol):
+    """What `record_call` reads of a served chat completion (`mgrpo.agents.openai_chat.ChatCall`)."""
+
+    token_ids: list[int]
+    logp: list[float]
+    mask: list[int]
+    weights_version: int
+    finish_reason: str
+    last_user: str
+    content: str
 
 
 class EpisodeNotFoundError(KeyError):
@@ -70,34 +83,24 @@ class EpisodeStore:
         return found[0], False
 
     def record_call(
-        self,
-        *,
-        job_id: str,
-        step: int,
-        query_id: str,
-        rollout: int,
-        call: int,
-        version: int,
-        arrays: EpisodeArrays,
-        finish_reason: str,
-        subtask: str,
-        result: str,
+        self, job_id: str, step: int, query_id: str, rollout: int, call: int, served: ServedCall
     ) -> EpisodeMeta:
         """One served chat completion as an episode of its session (`openai_agents`): written once per
         (step, query, rollout, call); a call cut off at its token budget is not format_ok."""
+        arrays = EpisodeArrays.of(served.token_ids, served.logp, served.mask)
         meta = EpisodeMeta(
             job_id=job_id,
             step=step,
-            policy_version=version,
+            policy_version=served.weights_version,
             episode_id=episode_id(step, query_id, rollout, call),
             query_id=query_id,
             rollout=rollout,
             call=call,
             n_tokens=len(arrays),
-            format_ok=finish_reason != "length",
-            finish_reason=finish_reason,
-            subtask=subtask[:2000],
-            result=result[:2000],
+            format_ok=served.finish_reason != "length",
+            finish_reason=served.finish_reason,
+            subtask=served.last_user[:2000],
+            result=served.content[:2000],
         )
         return self.put_once(meta, arrays)[0]
 

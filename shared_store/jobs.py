@@ -84,7 +84,7 @@ class JobRegistry:
         self._resume = client.register_script(_RESUME)
 
     def create(
-        self, config: dict[str, Any], job_id: str | None = None, *, roles: tuple[keys.Role, ...] = keys.ROLES
+        self, config: dict[str, Any], job_id: str | None = None, *, roles: tuple[keys.Role, ...]
     ) -> tuple[JobRecord, bool]:
         """Create a queued job and dispatch it to `roles` (the roles that run a trainer, root first; the
         record keeps them). Same id + same config → (existing, False)."""

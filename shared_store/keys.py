@@ -9,11 +9,13 @@ trim/TTL rule.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 PREFIX = "mgrpo:v1"
 # A role is a name a workflow declares (`planner`, `subagent`, `solver`, `verifier`, …): roles are data.
 Role = str
-ROLES: tuple[Role, ...] = ("planner", "subagent")  # the deep-research workflow's roles (the default)
+# The roles of a job record written before records kept their roles (deep research's): the only default.
+LEGACY_ROLES: tuple[Role, ...] = ("planner", "subagent")
 # Stream names of one job (the `<noun>` of `mgrpo:v1:{job}:stream:<noun>`): `planner_stats` (the
 # deep-research planner's per-query outcomes, read by its sub-agent trainer), `batch.<role>` (a root
 # trainer's scored, grouped episodes of one callee role, read by that role's trainer) and `events`.
@@ -42,6 +44,30 @@ def check_role(role: str) -> str:
     if not isinstance(role, str) or not _ROLE.match(role):
         raise ValueError(f"role {role!r} is invalid: use a lower-case letter then up to 31 of a-z, 0-9, '_'")
     return role
+
+
+@dataclass(frozen=True)
+class EpisodeKey:
+    """What an episode id says: (step, query or group, rollout, call)."""
+
+    step: int
+    query_id: str
+    rollout: int
+    call: int
+
+
+_EPISODE = re.compile(r"^s(\d+)-(.+)-r(\d+)-c(\d+)$")
+
+
+def episode_id(step: int, query_id: str, rollout: int, call: int) -> str:
+    """The id of one callee episode (a field of its step's episode hash): `s<step>-<query>-r<k>-c<n>`."""
+    return check_id("episode id", f"s{int(step)}-{query_id}-r{int(rollout)}-c{int(call)}")
+
+
+def parse_episode_id(eid: str) -> EpisodeKey | None:
+    """`episode_id`'s parts back (None for any other string): the one parser of episode ids."""
+    m = _EPISODE.match(eid)
+    return None if m is None else EpisodeKey(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)))
 
 
 def batch_stream(role: str) -> StreamName:

@@ -86,7 +86,7 @@ class Progress:
         raw = cast(dict[bytes, bytes], self.r.hgetall(keys.progress(job_id)))
         return {as_str(k): int(v) for k, v in raw.items()}
 
-    def collect(self, job_id: str, *, keep_steps: int = 1, roles: tuple[keys.Role, ...] = keys.ROLES) -> int:
+    def collect(self, job_id: str, *, roles: tuple[keys.Role, ...], keep_steps: int = 1) -> int:
         """Delete the episodes, per-step records and step-stream entries of steps every role finished,
         keeping the last `keep_steps` of them. Returns the number of steps collected this call."""
         prog = self.get(job_id)

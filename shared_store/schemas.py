@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared_store.keys import check_id, check_role
+from shared_store.keys import check_role
 
 SCHEMA_VERSION = 1
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -155,11 +155,6 @@ class RoleBatch(StepMessage):
 
 
 # ---- episodes, policies, metrics, ledger -------------------------------------------------------------
-def episode_id(step: int, query_id: str, rollout: int, call: int) -> str:
-    """The id of one callee episode: (step, query or group, rollout, call)."""
-    return check_id("episode id", f"s{int(step)}-{query_id}-r{int(rollout)}-c{int(call)}")
-
-
 class EpisodeMeta(StepMessage):
     """Metadata of one callee episode (a sub-agent's, a verifier's, …); its arrays travel as bytes beside it (see codec)."""
 

@@ -7,8 +7,9 @@ and assemble `Sample`s: grouping and rewards come from the workflow) → `adv` (
 per (role, group)) → `update` (clipped PPO) → `checkpoint` → policy version and progress. Phases are
 timed as `timing/<role>_<phase>`.
 
-- `SubagentJob` (deep_research's sub-agent): intake `planner_stats`; aligns each query's episodes to
-  K·D slots and computes R_S itself (algorithm.md §2–4).
+- `AlignedCalleeJob`: intake `planner_stats`; aligns each query's episodes to K·D slots and rewards
+  them from the rollouts' outcomes (algorithm.md §2–4): `SubagentJob` (deep research's sub-agents,
+  R_S) and `ProgramCalleeJob` (`openai_agents`' roles, the outcome).
 - `RoleJob` (any role a root scores itself, e.g. MarsRL's verifier and corrector): intake
   `batch.<role>`, whose groups and rewards the root trainer wrote.
 """
@@ -18,12 +19,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, ClassVar, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from mgrpo.advantages import assign_advantages
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
@@ -36,17 +35,18 @@ from mgrpo.agents.chat import (
     tool_schemas,
 )
 from mgrpo.algo import alignment_seed
-from mgrpo.config import JobConfig
 from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
-from mgrpo.runtime import job_task
+from mgrpo.runtime import Placement
 from mgrpo.tasks.arithmetic import parse_turn
 from mgrpo.timing import PhaseTimer
 from mgrpo.tools import ToolBox
-from mgrpo.workflows import get_workflow, import_string
-from mgrpo.workflows.deep_research import Episode, align_query, subagent_samples
+from mgrpo.workflows import JobSpec
+from mgrpo.workflows.deep_research import CalleeQuery, Episode, aligned_samples, subagent_outcome_reward
+from mgrpo.workflows.deep_research_warmstart import job_task
 from shared_store import EpisodeArrays, Store, keys
 from shared_store.jobs import JobCancelled
+from shared_store.keys import episode_id
 from shared_store.schemas import (
     TERMINAL,
     EpisodeMeta,
@@ -55,65 +55,44 @@ from shared_store.schemas import (
     PolicyVersion,
     RoleBatch,
     StepMessage,
-    episode_id,
 )
 from shared_store.streams import StreamConsumer, consume_once, publish_metrics
 
 
+@dataclass(frozen=True)
+class Served:
+    """One input run by the role: its transcript, the expert's score (NaN: none) and what the caller sees."""
+
+    transcript: Transcript
+    expert: float
+    result: str
+
+
 class CalleeJob:
+    """A callee role's trainer for one job: it serves the role's episodes and trains on each step's
+    intake. Subclasses write `episode`, `handed` and `assemble` (`Workflow.callee_job`)."""
+
     intake: ClassVar[type[StepMessage]]
 
-    def __init__(
-        self,
-        store: Store,
-        job_id: str,
-        cfg: JobConfig,
-        role: str,
-        *,
-        cache_dir: Path,
-        checkpoint_dir: Path,
-        device: torch.device | str = "cpu",
-        sglang_url: str = "",
-        sglang_sync_host: str = "",
-        consumer_name: str = "",
-    ) -> None:
-        self.store, self.job_id, self.cfg, self.role = store, job_id, cfg, role
-        self.consumer_name = consumer_name or f"{role}-trainer"
-        self.m = RoleModel(
-            cfg,
-            role,
-            cache_dir=cache_dir,
-            checkpoint_dir=checkpoint_dir,
-            job_id=job_id,
-            last_step=store.ledger.last_step(job_id, role),
-            device=device,
-            sglang_url=sglang_url,
-            sglang_sync_host=sglang_sync_host,
-        )
-        self.trains = cfg.mode == "co_train"
+    def __init__(self, store: Store, job_id: str, job: JobSpec, role: str, *, placement: Placement) -> None:
+        self.store, self.job_id, self.job, self.cfg, self.role = store, job_id, job, job.cfg, role
+        self.consumer_name = placement.consumer_name or f"{role}-trainer"
+        last = store.ledger.last_step(job_id, role)
+        self.model = RoleModel(job, role, placement=placement, job_id=job_id, last_step=last)
+        self.trains = job.trains_callees
         self.last_request_s = time.monotonic()  # when an episode was last asked for
-        store.policies.publish(
-            PolicyVersion(job_id=job_id, role=role, version=self.m.version, step=self.m.start_step - 1)
-        )
+        store.policies.publish(PolicyVersion(job_id=job_id, role=role, version=self.model.version, step=last))
 
     @property
     def version(self) -> int:
-        return self.m.version
-
-    @property
-    def engine(self) -> Any:
-        return self.m.engine
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.m.tokenizer
+        return self.model.version
 
     def intake_stream(self) -> str:
         raise NotImplementedError
 
     # ---- serving ------------------------------------------------------------------------------------
-    def episode(self, text: str) -> tuple[Transcript, float, str]:
-        """Run the role on one input: (transcript, expert score or NaN, result shown to the caller)."""
+    def episode(self, text: str) -> Served:
+        """Run the role on one input."""
         raise NotImplementedError
 
     def run_episode(
@@ -128,8 +107,9 @@ class CalleeJob:
         lookup_s = time.perf_counter() - t0
         if recorded is not None:
             return recorded[0], lookup_s
-        tr, expert, result = self.episode(subtask)
-        version = self.m.engine.weights_version if tr.policy_version is None else tr.policy_version
+        served = self.episode(subtask)
+        tr, expert, result = served.transcript, served.expert, served.result
+        version = self.model.engine.weights_version if tr.policy_version is None else tr.policy_version
         meta = EpisodeMeta(
             job_id=self.job_id,
             step=step,
@@ -150,17 +130,9 @@ class CalleeJob:
         return meta, lookup_s + time.perf_counter() - t1
 
     def fetch(self, step: int, ids: list[str]) -> dict[str, Episode]:
-        unique = list(dict.fromkeys(ids))
-        got = self.store.episodes.get_many(self.job_id, step, unique)
-        return {
-            eid: Episode(
-                Transcript(arr.token_ids.tolist(), arr.logp.tolist(), arr.loss_mask.tolist(), 0),
-                meta.format_ok,
-                math.nan if meta.expert_score is None else meta.expert_score,
-                meta.policy_version,
-            )
-            for eid, (meta, arr) in zip(unique, got, strict=True)
-        }
+        """The step's recorded episodes of these (unique) ids."""
+        got = self.store.episodes.get_many(self.job_id, step, ids)
+        return {eid: Episode.of(meta, arrays) for eid, (meta, arrays) in zip(ids, got, strict=True)}
 
     # ---- training -----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -211,7 +183,7 @@ class CalleeJob:
         if self.trains:  # the role's queue, accounted per step in unique episodes
             handed = self.handed(msg)
             used = {s.episode_id for s in samples}
-            dropped = {s.episode_id for s in samples if self.m.drops(s)}
+            dropped = {s.episode_id for s in samples if self.model.drops(s)}
             self.store.accounts.record(
                 self.job_id,
                 r,
@@ -221,9 +193,9 @@ class CalleeJob:
                 unaligned=len(handed - used),
             )
         with timer("update"):
-            metrics = self.m.update(samples, seed=msg.step) if self.trains else {}
+            metrics = self.model.update(samples, seed=msg.step) if self.trains else {}
         with timer("checkpoint"):
-            ckpt = self.m.save(msg.step, push=bool(metrics))
+            ckpt = self.model.save(msg.step, push=bool(metrics))
         with timer("exchange_redis"):
             self.store.commit_step(
                 PolicyVersion(
@@ -231,9 +203,9 @@ class CalleeJob:
                     role=r,
                     version=self.version,
                     step=msg.step,
-                    checkpoint=self.m.shown(ckpt.path),
+                    checkpoint=self.model.shown(ckpt.path),
                 ),
-                roles=self.cfg.trainer_roles,
+                roles=self.job.trainer_roles,
                 ledger=False,
             )
         rewards = np.array([s.reward for s in samples if not math.isnan(s.reward)] or [0.0])
@@ -253,32 +225,76 @@ class CalleeJob:
         return self.version
 
     def close(self) -> None:
-        self.m.close()
+        self.model.close()
 
 
-class SubagentJob(CalleeJob):
-    """deep_research's sub-agent (and the team variant's searcher and comparer): tool episodes with the
-    role's tools; its own episodes of each query aligned and pooled (algorithm.md §2–4)."""
+class AlignedCalleeJob(CalleeJob):
+    """A callee that trains on its own episodes of each query, aligned to D per rollout and pooled
+    (algorithm.md §2–4), with the root's per-query outcomes (`planner_stats`) as its intake."""
 
     intake = PlannerStepStats
 
-    def __init__(self, store: Store, job_id: str, cfg: JobConfig, role: str = "subagent", **kw: Any) -> None:
-        super().__init__(store, job_id, cfg, role, **kw)
-        self.task = job_task(cfg)
-        spec = self.m.spec
-        self.tools = ToolBox(cfg.tools_of(role), self.task.tools)  # the role's own tools only
+    def reward(self, episode: Episode, outcome: float) -> float:
+        """An aligned episode's reward, given its rollout's outcome."""
+        raise NotImplementedError
+
+    def intake_stream(self) -> str:
+        return "planner_stats"
+
+    def handed(self, msg: PlannerStepStats) -> set[str]:
+        return {e for q in msg.queries for r in q.rollouts for e in r.episodes.get(self.role, [])}
+
+    def aligned(self, msg: PlannerStepStats, timer: PhaseTimer) -> tuple[list[Sample], int]:
+        """The step's samples of this role and the number of queries without its episodes."""
+
+        def fetch(ids: list[str]) -> dict[str, Episode]:
+            with timer("exchange_redis"):
+                return self.fetch(msg.step, ids)
+
+        queries = [
+            CalleeQuery(
+                q.query_id,
+                [r.episodes.get(self.role, []) for r in q.rollouts],
+                [r.correct for r in q.rollouts],
+            )
+            for q in msg.queries
+        ]
+        return aligned_samples(
+            self.role,
+            queries,
+            slots=self.cfg.subagent_slots_per_rollout,
+            mode=self.cfg.alignment,
+            seed_of=lambda qid: alignment_seed(self.cfg.seed, msg.step, f"{qid}@run{self.cfg.run_seed}"),
+            fetch=fetch,
+            reward=self.reward,
+        )
+
+
+class SubagentJob(AlignedCalleeJob):
+    """deep_research's sub-agent (and the team variant's searcher and comparer): tool episodes with the
+    role's tools, rewarded with R_S (format, the planner's outcome, the expert judge)."""
+
+    def reward(self, episode: Episode, outcome: float) -> float:
+        return subagent_outcome_reward(episode, outcome)
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.task = job_task(self.cfg)
+        spec, tokenizer, engine = self.model.model_spec, self.model.tokenizer, self.model.engine
+        tools = self.job.tools_of(self.role)
+        self.tools = ToolBox(tools, self.task.tools)  # the role's own tools only
         self.drift, self.drift_lock = [0, 0], threading.Lock()  # chat episodes: served, re-tokenising drifts
         self.agent: SubAgent | ChatAgent
-        if is_chat_model(self.tokenizer):  # a chat model's folder: its template and tool-call format
+        if is_chat_model(tokenizer):  # a chat model's folder: its template and tool-call format
             fmt = ChatFormat(
-                self.tokenizer,
-                tool_schemas([(t.name, t.kind) for t in cfg.tools_of(role)]),
+                tokenizer,
+                tool_schemas([(t.name, t.kind) for t in tools]),
                 parser=spec.tool_parser,
                 keep_thinking=spec.keep_thinking,
                 terminal="result",
             )
             self.agent = ChatAgent(
-                self.engine,
+                engine,
                 fmt,
                 lambda name, args: self.tools(name, first_string(args)),
                 temperature=spec.temperature,
@@ -287,18 +303,10 @@ class SubagentJob(CalleeJob):
                 max_new_tokens_per_turn=spec.max_new_tokens_per_turn,
             )
         else:
-            self.agent = SubAgent(
-                self.engine,
-                self.tokenizer,
-                self.tools,
-                temperature=spec.temperature,
-                limits=AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn),
-            )
+            limits = AgentLimits(4, spec.max_context_tokens, spec.max_new_tokens_per_turn)
+            self.agent = SubAgent(engine, tokenizer, self.tools, temperature=spec.temperature, limits=limits)
 
-    def intake_stream(self) -> str:
-        return "planner_stats"
-
-    def episode(self, text: str) -> tuple[Transcript, float, str]:
+    def episode(self, text: str) -> Served:
         tr = self.agent.run(text)
         if isinstance(self.agent, ChatAgent):  # reported: would re-tokenising its turns change the ids?
             drift = retokenize_drift(self.agent.fmt, tr)
@@ -306,30 +314,10 @@ class SubagentJob(CalleeJob):
                 self.drift[0] += 1
                 self.drift[1] += drift
         expert = self.task.judge(text, tr.final or "") if tr.format_ok else 0.0
-        return tr, expert, tr.final if tr.format_ok and tr.final else "no result"
-
-    def handed(self, msg: PlannerStepStats) -> set[str]:
-        return {e for q in msg.queries for r in q.rollouts for e in r.episodes.get(self.role, [])}
+        return Served(tr, expert, tr.final if tr.format_ok and tr.final else "no result")
 
     def assemble(self, msg: PlannerStepStats, timer: PhaseTimer) -> tuple[list[Sample], dict[str, float]]:
-        samples: list[Sample] = []
-        empty = 0
-        for q in msg.queries:
-            seed = alignment_seed(self.cfg.seed, msg.step, f"{q.query_id}@run{self.cfg.run_seed}")
-            slots = align_query(
-                [r.episodes.get(self.role, []) for r in q.rollouts],
-                self.cfg.subagent_slots_per_rollout,
-                seed=seed,
-                mode=self.cfg.alignment,
-            )
-            if not slots:
-                empty += 1
-                continue
-            with timer("exchange_redis"):
-                fetched = self.fetch(msg.step, [eid for _, eid in slots])
-            samples += subagent_samples(
-                q.query_id, slots, fetched, [r.correct for r in q.rollouts], self.role
-            )
+        samples, empty = self.aligned(msg, timer)
         with self.drift_lock:
             (n, drifted), self.drift = self.drift, [0, 0]
         chat = {"retokenize_drift": drifted / n} if n else {}  # episodes served since the last step
@@ -345,12 +333,12 @@ class RoleJob(CalleeJob):
 
     intake = RoleBatch
 
-    def __init__(self, store: Store, job_id: str, cfg: JobConfig, role: str, **kw: Any) -> None:
-        super().__init__(store, job_id, cfg, role, **kw)
-        spec = self.m.spec
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        spec = self.model.model_spec
         self.agent = TurnAgent(
-            self.engine,
-            self.tokenizer,
+            self.model.engine,
+            self.model.tokenizer,
             temperature=spec.temperature,
             max_new_tokens=spec.max_new_tokens_per_turn,
         )
@@ -358,17 +346,17 @@ class RoleJob(CalleeJob):
     def intake_stream(self) -> str:
         return keys.batch_stream(self.role)
 
-    def episode(self, text: str) -> tuple[Transcript, float, str]:
+    def episode(self, text: str) -> Served:
         ((result, tr),) = self.agent.sample(text, 1)
         if not parse_turn(result).format_ok:
             tr.fail("format_error")
-        return tr, math.nan, result
+        return Served(tr, math.nan, result)
 
     def handed(self, msg: RoleBatch) -> set[str]:
         return {e.episode_id for g in msg.groups for e in g.episodes}
 
     def assemble(self, msg: RoleBatch, timer: PhaseTimer) -> tuple[list[Sample], dict[str, float]]:
-        ids = [e.episode_id for g in msg.groups for e in g.episodes]
+        ids = list(dict.fromkeys(e.episode_id for g in msg.groups for e in g.episodes))
         with timer("exchange_redis"):
             fetched = self.fetch(msg.step, ids)
         samples = [
@@ -384,15 +372,3 @@ class RoleJob(CalleeJob):
             for e in g.episodes
         ]
         return samples, {"groups": float(len(msg.groups))}
-
-
-def callee_job(cfg: JobConfig) -> Callable[..., CalleeJob]:
-    """The job class of a callee role in the job's workflow."""
-    custom = get_workflow(cfg.workflow).callee_job
-    if custom:
-        return cast(Callable[..., CalleeJob], import_string(custom))
-    if cfg.engine == "openai_agents":
-        from subagent_trainer.program import ProgramCalleeJob  # it builds on this module
-
-        return ProgramCalleeJob
-    return RoleJob if cfg.engine == "marsrl" else SubagentJob

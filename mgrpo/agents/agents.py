@@ -8,7 +8,7 @@ the ids of the resulting sub-agent episodes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -18,14 +18,13 @@ from mgrpo.agents.format import (
     PLANNER_STOPS,
     SINGLE_STOPS,
     SUBAGENT_STOPS,
-    Action,
     parse_planner_turn,
     parse_single_turn,
     parse_subagent_turn,
 )
 from mgrpo.agents.loop import observation_ids, run_agent
 from mgrpo.engines.base import RolloutEngine, SamplingParams
-from mgrpo.records import Transcript
+from mgrpo.records import Action, Transcript
 
 
 @dataclass(frozen=True)
@@ -169,8 +168,6 @@ class SingleAgent(ToolAgent):
 
 
 def _seeded(params: SamplingParams, seed: int | None) -> SamplingParams:
-    from dataclasses import replace
-
     return params if seed is None else replace(params, seed=seed)
 
 

@@ -42,6 +42,13 @@ import httpx
 import torch
 
 from mgrpo.engines.base import FinishReason, Sample, SamplingParams
+from mgrpo.parallel.weight_group import (
+    broadcast_tensors,
+    byte_buckets,
+    close_weight_group,
+    flatten_bytes,
+    open_weight_group,
+)
 
 WeightSync = Literal["disk", "distributed"]
 
@@ -205,8 +212,6 @@ class SGLangEngine:
     def push_weights(self, model: torch.nn.Module, version: int) -> None:
         """Broadcast `model`'s parameters (HF names; tied ones once) into the server (module
         docstring); the server samples from them once this returns."""
-        from mgrpo.parallel.weight_group import broadcast_tensors, byte_buckets, flatten_bytes
-
         params = [(name, p.detach().contiguous()) for name, p in model.named_parameters()]
         if self._group is None:
             self._group = self._open_group(params[0][1].device)
@@ -238,8 +243,6 @@ class SGLangEngine:
         self.weights_version = version
 
     def _open_group(self, device: torch.device) -> Any:
-        from mgrpo.parallel.weight_group import open_weight_group
-
         try:
             info = self._client.get("/get_server_info")
         except httpx.HTTPError as exc:
@@ -287,8 +290,6 @@ class SGLangEngine:
             self._sender.join(timeout=5)
         self._senders.shutdown(wait=True)
         if self._group is not None:
-            from mgrpo.parallel.weight_group import close_weight_group
-
             close_weight_group(self._group)
             self._group = None
         self._client.close()

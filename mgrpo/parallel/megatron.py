@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 PREFIX = "decoder.layers"
 
@@ -182,8 +183,6 @@ def place(global_rank: int, tp: int, dp: int = 1) -> tuple[int, int, int]:
 
 def hf_shapes(cfg: Any) -> dict[str, torch.Size]:
     """The HF state dict's names and shapes of a config (worked out on the meta device)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         return {name: t.shape for name, t in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
 

@@ -3,29 +3,24 @@ Qwen3 config, the `GPTModel` share of one rank (`build_gpt`), and `MegatronCausa
 trainer makes of it. The weights' names and layouts, and their conversion, are
 `mgrpo.parallel.megatron`.
 
-On CPU (`cpu_shim`): megatron-core places a few buffers with `torch.cuda.current_device()` (RoPE's
-frequencies, the tensor-parallel all-gathers, the pipeline's receive buffers) and forks a CUDA RNG
-state around attention dropout; the shim answers the first with the CPU and makes the fork a no-op
-(dropout is 0 here). For pipeline parallelism it also makes `torch.cuda.synchronize()` (after each
-exchange of activation shapes) a no-op, `Tensor.cuda()` (where the last stage's copy of a tied
-embedding is moved before its first all-reduce) the tensor itself, and places the 1F1B schedule's
-token counter (`torch.zeros(…, device="cuda")`) on the CPU. For experts, megatron-core 0.16's router
-tests `te_general_gemm`, a name it imports only with TransformerEngine (a NameError without it, on
-the GPU too, seen 2026-12-04): building the model sets it to None, so the router takes its torch path.
-Nothing else of megatron-core changes:
-the same modules, the same schedule, the same collectives (gloo), the same numbers.
+On CPU the model runs inside `mgrpo.parallel.megatron_cpu.cpu_shim` (its docstring says what it
+changes).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from mgrpo.parallel.megatron import attention_shape, check_split, is_moe, padded_vocab
+from mgrpo.parallel.megatron_cpu import causal_mask, cpu_shim, router_without_te
+from mgrpo.parallel.megatron_pipeline import pipeline_logprobs, train_pipeline
+from mgrpo.parallel.transport import all_reduce_in_buckets
 
 
 def transformer_config(
@@ -35,6 +30,7 @@ def transformer_config(
     `pp` stages, activations of any length pass between them (`variable_seq_lengths`); a Qwen3-MoE
     config's experts split over `ep` ranks (dropless, no auxiliary loss; HF's `norm_topk_prob`:
     softmax over the top k, else over all experts before the top k)."""
+    # megatron-core: optional and heavy
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     heads, groups, d = attention_shape(cfg)
@@ -93,8 +89,8 @@ def model_parallel(tp: int, pp: int = 1, seed: int = 1234, ep: int = 1) -> None:
     """megatron-core's parallel state for `tp` tensor-parallel ranks on each of `pp` pipeline stages
     over the whole group, the rest data parallel, `ep` of them expert parallel (once per process); on
     GPUs also its tensor-parallel CUDA RNG states (the CPU shim needs none)."""
-    from megatron.core import parallel_state
-    from megatron.core import tensor_parallel as mtp
+    from megatron.core import parallel_state  # megatron-core: optional and heavy
+    from megatron.core import tensor_parallel as mtp  # megatron-core: optional and heavy
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
@@ -126,6 +122,7 @@ def build_gpt(
     """An (untrained) megatron-core GPTModel shaped like the HF Qwen3 (or Qwen3-MoE) config: this
     rank's share of T tensor-parallel ranks on pipeline stage `stage` of `pp` (of `ep` expert-parallel
     ranks) (megatron's parallel state must be initialised so)."""
+    # megatron-core: optional and heavy
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -171,64 +168,11 @@ def causal_logits(
     return model(input_ids, None, attention_mask=causal_mask(attention_mask))[..., :vocab]
 
 
-def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """megatron-core's attention mask [b, 1, s, s] (True = not attended) of left-padded rows: a token
-    sees itself and earlier real tokens; a padding token only itself (not NaN)."""
-    real = attention_mask.bool()
-    s = attention_mask.shape[1]
-    future = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).triu(1)
-    masked = future[None, None] | ~real[:, None, None, :]
-    return masked & ~torch.eye(s, dtype=torch.bool, device=attention_mask.device)
-
-
-def _zeros_on_cpu(zeros: Any) -> Any:
-    def placed(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if str(kwargs.get("device")) == "cuda":
-            kwargs["device"] = "cpu"
-        return zeros(*args, **kwargs)
-
-    return placed
-
-
-def _router_without_te() -> None:
-    """megatron-core 0.16's MoE router tests `te_general_gemm`, which it defines only when
-    TransformerEngine imports: None sends it down its torch path (module docstring)."""
-    from megatron.core.transformer.moe import moe_utils
-
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
-
-
-@contextlib.contextmanager
-def cpu_shim() -> Iterator[None]:
-    """Run megatron-core on the CPU (see the module docstring) while inside: `torch.cuda.current_device()`
-    is the CPU, `torch.cuda.synchronize()` and the tensor-parallel RNG fork no-ops, `Tensor.cuda()`
-    the tensor itself, and `torch.zeros(…, device="cuda")` a CPU tensor."""
-    from megatron.core import tensor_parallel
-
-    tracker = tensor_parallel.get_cuda_rng_tracker()
-    saved = torch.cuda.current_device, tracker.fork, torch.cuda.synchronize, torch.Tensor.cuda, torch.zeros
-    setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))  # noqa: B010
-    setattr(torch.cuda, "synchronize", lambda *a, **k: None)  # noqa: B010
-    setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)  # noqa: B010
-    setattr(torch, "zeros", _zeros_on_cpu(saved[4]))  # noqa: B010
-    tracker.fork = lambda *a, **k: contextlib.nullcontext()
-    try:
-        yield
-    finally:
-        setattr(torch.cuda, "current_device", saved[0])  # noqa: B010
-        tracker.fork = saved[1]
-        setattr(torch.cuda, "synchronize", saved[2])  # noqa: B010
-        setattr(torch.Tensor, "cuda", saved[3])  # noqa: B010
-        setattr(torch, "zeros", saved[4])  # noqa: B010
-
-
 def _padded_to_group(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`ids` and `mask` padded (rows and columns, masked out) to the largest batch of the data-parallel
     group: a padded token attends only itself and no real token attends it, so the real tokens'
     logits are unchanged."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # megatron-core: optional and heavy
 
     shape = torch.tensor(ids.shape, dtype=torch.long, device=ids.device)
     dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
@@ -258,7 +202,7 @@ class MegatronCausalLM(torch.nn.Module):
         """`dp`: the data-parallel ranks (a mixture of experts: the expert-parallel ranks, each
         training its own rows of every minibatch, `ppo_update`'s `shard`)."""
         super().__init__()
-        _router_without_te()
+        router_without_te()
         self.config, self.vocab = cfg, cfg.vocab_size
         self.pp, self.stage, self.dp = pp, stage, dp
         self.gpt = build_gpt(cfg, tp, dtype, pp, stage, ep)
@@ -270,15 +214,11 @@ class MegatronCausalLM(torch.nn.Module):
     def train_pipeline(
         self, inputs: list[tuple[torch.Tensor, torch.Tensor]], loss_fn: Any
     ) -> list[dict[str, float]]:
-        from mgrpo.parallel.megatron_pipeline import train_pipeline
-
         return train_pipeline(self, inputs, loss_fn)
 
     def logprobs(
         self, inputs: list[tuple[torch.Tensor, torch.Tensor]], temperature: float
     ) -> list[torch.Tensor]:
-        from mgrpo.parallel.megatron_pipeline import pipeline_logprobs
-
         return pipeline_logprobs(self, inputs, temperature)
 
     @property
@@ -288,8 +228,6 @@ class MegatronCausalLM(torch.nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: Any = None, **_: Any
     ) -> Any:
-        from types import SimpleNamespace
-
         b, s = input_ids.shape
         if self.dp > 1:  # the experts' dispatch gathers equal shapes from every data-parallel rank
             input_ids, attention_mask = _padded_to_group(input_ids, attention_mask)
@@ -301,10 +239,7 @@ class MegatronCausalLM(torch.nn.Module):
         """Every gradient as the mean of the data-parallel ranks': a replicated weight's summed over
         them; an expert's already holds every rank's tokens (the dispatcher brought them), summed
         over its replicas (the expert-data-parallel group; one rank here); both divided by dp."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
-        from mgrpo.parallel.transport import all_reduce_in_buckets
+        from megatron.core import parallel_state as ps  # megatron-core: optional and heavy
 
         for expert in (False, True):
             grads = [
@@ -325,8 +260,7 @@ class MegatronCausalLM(torch.nn.Module):
         group; a tied embedding's two copies (first and last stage) get the sum of their gradients.
         The norm: a tensor-parallel shard's squares summed over the group, a replicated weight counted
         once, the last stage's copy of a tied embedding not at all, the stages' parts summed."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # megatron-core: optional and heavy
 
         tp_group, tp = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
         for name, p in self.gpt.named_parameters():

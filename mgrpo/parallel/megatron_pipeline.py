@@ -10,7 +10,7 @@ handed the loss times that number: the accumulated gradients are those of the lo
 What the last stage reports (its metrics, or its log-probs) is sent to every rank, so every rank
 returns the same, as `ppo_update` expects of every backend.
 
-On the CPU the schedule runs inside `cpu_shim` (mgrpo.parallel.megatron_model's docstring says what
+On the CPU the schedule runs inside `cpu_shim` (mgrpo.parallel.megatron_cpu's docstring says what
 it changes); on GPUs as is."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from mgrpo.models import logits_logprobs
+from mgrpo.parallel.megatron_cpu import causal_mask, cpu_shim
 
 Inputs = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -34,9 +35,7 @@ def _run(
     forward_only: bool,
 ) -> list[Any]:
     """One pass of the schedule; what `loss_fn` kept per micro-batch on the last stage ([] elsewhere)."""
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from mgrpo.parallel.megatron_model import causal_mask, cpu_shim
+    from megatron.core.pipeline_parallel import get_forward_backward_func  # megatron-core: optional and heavy
 
     n = len(inputs)
 

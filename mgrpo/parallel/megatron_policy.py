@@ -17,7 +17,7 @@ optimizer state is converted the same way as the weights — per parameter `exp_
 — to the full, FQN-keyed form FSDP2 writes, so a checkpoint of either backend on any W resumes on
 the other.
 
-On the CPU the model runs inside `cpu_shim` (gloo; see mgrpo.parallel.megatron_model); on GPUs as is."""
+On the CPU the model runs inside `cpu_shim` (gloo; see mgrpo.parallel.megatron_cpu); on GPUs as is."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.parallel.group import device
 from mgrpo.parallel.megatron import check_split, copy_into_hf, empty_hf, hf_to_megatron, is_moe, place, tie_hf
-from mgrpo.parallel.megatron_model import MegatronCausalLM, cpu_shim, load_into, model_parallel
+from mgrpo.parallel.megatron_cpu import cpu_shim
+from mgrpo.parallel.megatron_model import MegatronCausalLM, load_into, model_parallel
 from mgrpo.parallel.transport import Transport
 from mgrpo.records import Sample
 from mgrpo.training import UpdateSettings, ppo_update

@@ -22,12 +22,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# bm25s runs a JAX op when it is imported if JAX is installed (GPU images often have it), and JAX then
-# takes 75 % of the GPU's memory away from this process's trainer (seen on an H200, 2026-12-04): keep
-# JAX on the CPU unless the user said otherwise. The search itself uses numpy (`retrieve` below).
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import bm25s
-
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.datasets import Row, parse
 from mgrpo.tasks.world import Doc, World, generate_world
@@ -245,6 +239,12 @@ class Corpus:
     def __init__(self, docs: Sequence[Doc], *, top_k: int = 3) -> None:
         self.docs, self.top_k = list(docs), top_k
         self.by_id = {d.doc_id: d for d in self.docs}
+        # bm25s runs a JAX op when it is imported if JAX is installed (GPU images often have it), and JAX
+        # then takes 75 % of the GPU's memory away from the process's trainer (seen on an H200,
+        # 2026-12-04): keep JAX on the CPU unless the user said otherwise. The search uses numpy.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        import bm25s  # after the line above: an optional import-time JAX op
+
         self._tokenizer = bm25s.tokenization.Tokenizer(stopwords=None, lower=True, splitter=r"(?u)\b\w+\b")
         corpus_tokens = self._tokenizer.tokenize(
             [f"{d.title} {d.text}" for d in self.docs], show_progress=False

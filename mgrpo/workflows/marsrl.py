@@ -30,11 +30,12 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from mgrpo.agents.agents import TurnAgent
 from mgrpo.algo import alignment_seed, answer_reward, select_inputs, verifier_reward
 from mgrpo.algo.selection import Strategy
+from mgrpo.records import Transcript
 from mgrpo.tasks.arithmetic import (
     Problem,
     Turn,
@@ -51,11 +52,11 @@ RewardMode = Literal["agent", "outcome"]
 
 @dataclass(frozen=True)
 class Output:
-    """What a role sampled for one input: its turn's text and where its episode is (a Transcript
-    for an in-process role, an episode id for a role served elsewhere)."""
+    """What a role sampled for one input: its turn's text and where its episode is (its Transcript
+    for an in-process role, its episode id for a role served elsewhere)."""
 
     text: str
-    ref: Any
+    ref: Transcript | str
 
 
 Run = Callable[[str, str, int, str], list[Output]]  # (role, prompt, n, group id) → n outputs
@@ -67,7 +68,8 @@ class Attempt:
     group: str
     prompt: str
     turn: Turn
-    ref: Any
+    ref: Transcript | str  # the episode: its transcript (sampled in process) or its id (recorded elsewhere)
+    judges: bool = False  # a verdict on another output (the verifier), not an answer
     correct: bool = False  # solver / corrector: the answer is right
     verdict: bool | None = None  # verifier: True 'Correct', False 'Wrong', None malformed
     reward: float = 0.0
@@ -111,6 +113,7 @@ def _verify(
         sol = solutions[j]
         prompt = verifier_prompt(problem.text, sol.turn.shown())
         for v in _attempts(run, "verifier", f"{problem.pid}.{tag}.{j}", prompt, s.group_size, sol):
+            v.judges = True
             v.verdict = parse_verdict(v.turn.answer) if v.turn.format_ok else None
             v.reward = verifier_reward(v.verdict, sol.correct)
             reports.append(v)

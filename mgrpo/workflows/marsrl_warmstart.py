@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +23,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 from mgrpo.agents.agents import TurnAgent, demo_transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
-from mgrpo.models import PRESETS, build_model, save, train_tokenizer
+from mgrpo.models import build_model, save, train_tokenizer
+from mgrpo.presets import PRESETS
 from mgrpo.records import Transcript
 from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.arithmetic import (
@@ -39,8 +40,9 @@ from mgrpo.tasks.arithmetic import (
     verification_turn,
     verifier_prompt,
 )
-from mgrpo.warmstart import build_once
+from mgrpo.workflows.deep_research_warmstart import build_once
 from mgrpo.workflows.marsrl import LocalRun, evaluate
+from mgrpo.workflows.spec import JobSpec
 
 EVAL_SEED = 1000
 ROLES = ("solver", "verifier", "corrector")
@@ -182,3 +184,58 @@ def cached_warmstart(
     folder = cache_dir / f"marsrl-{cfg.key()}"
     metrics, cached = build_once(folder, lambda tmp: run_warmstart(cfg, tmp, on_step=on_step).metrics)
     return MarsWarmstart(folder, metrics, cached=cached)
+
+
+class MarsRLWarmStart:
+    """MarsRL's `WarmStart` (`mgrpo.workflows.spec`): one model per role and a shared one, on one
+    tokenizer. A root whose model other roles share starts from the shared model."""
+
+    title = "MarsRL warm start"
+
+    def config(self, job: JobSpec) -> MarsWarmstartConfig:
+        default = MarsWarmstartConfig()
+        steps = default.steps if job.cfg.warmstart_steps is None else job.cfg.warmstart_steps
+        solver, verifier, corrector = (job.model_of(r).preset or default.preset(r) for r in ROLES)
+        return MarsWarmstartConfig(
+            seed=job.cfg.seed,
+            steps=steps,
+            n_ops=job.cfg.marsrl.n_ops,
+            solver_preset=solver,
+            verifier_preset=verifier,
+            corrector_preset=corrector,
+            shared_preset=solver,
+            eval_problems=100 if steps >= 100 else 0,
+        )
+
+    def steps(self, config: MarsWarmstartConfig) -> int:
+        return config.steps
+
+    def eval_rollouts(self, config: MarsWarmstartConfig) -> int:
+        return 0
+
+    def build(
+        self,
+        config: MarsWarmstartConfig,
+        cache_dir: Path,
+        *,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+        on_eval: Callable[[], None] | None = None,
+    ) -> MarsWarmstart:
+        return cached_warmstart(config, cache_dir, on_step=on_step)
+
+    def source(self, job: JobSpec, role: str, cache_dir: Path) -> str:
+        shared = role == job.root and len(job.root_roles) > 1
+        return str(self.build(self.config(job), cache_dir).path("shared" if shared else role))
+
+    def evaluated_on(self, config: MarsWarmstartConfig, n: int) -> MarsWarmstartConfig:
+        return replace(config, eval_problems=n)
+
+    def summary(self, built: MarsWarmstart) -> list[str]:
+        return [
+            f"{name} solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  verifier accuracy "
+            f"{m['verifier_accuracy']:.2f} (always-Correct {m['always_correct_verifier_accuracy']:.2f})"
+            for name, m in built.metrics.items()
+        ]
+
+
+WARMSTART = MarsRLWarmStart()

@@ -1,10 +1,15 @@
-"""Held-out evaluation (`mgrpo.evaluation`, `mgrpo.warmstart.evaluate_paired`): repeatable, paired."""
+"""Held-out evaluation (`mgrpo.evaluation`, `mgrpo.workflows.deep_research_warmstart.evaluate_paired`): repeatable, paired."""
 
 import pytest
 
 from mgrpo.evaluation import paired_gain
 from mgrpo.models import load
-from mgrpo.warmstart import WarmstartConfig, cached_warmstart, evaluate_paired, make_task
+from mgrpo.workflows.deep_research_warmstart import (
+    WarmstartConfig,
+    cached_warmstart,
+    evaluate_paired,
+    make_task,
+)
 
 
 def test_paired_gain_by_hand():

@@ -9,9 +9,9 @@ import math
 
 from mgrpo.agents.openai_chat import ChatSessions, complete, parse_session, response, session_id
 from mgrpo.records import Transcript
-from mgrpo.workflows.deep_research import Episode
-from mgrpo.workflows.openai_agents import episodes_of, outcome_samples, parse_episode, program_query
-from shared_store.schemas import episode_id
+from mgrpo.workflows.deep_research import CalleeQuery, Episode, aligned_samples, outcome_reward
+from mgrpo.workflows.openai_agents import Call, calls_per_rollout, program_query
+from shared_store.keys import EpisodeKey, episode_id, parse_episode_id
 from tests.mgrpo.chat_models import chat_tokenizer
 from tests.mgrpo.test_chat import ScriptedEngine
 
@@ -19,25 +19,35 @@ from tests.mgrpo.test_chat import ScriptedEngine
 def test_ids():
     assert parse_session(session_id(3, "q1", 2)) == (3, "q1", 2) and parse_session("3.q1") is None
     eid = episode_id(3, program_query("q1", "searcher"), 2, 0)
-    assert parse_episode(eid) == ("q1", "searcher", 2) and parse_episode(episode_id(3, "q1", 2, 0)) is None
-    ids = [
-        episode_id(0, program_query(q, r), k, n)
-        for q in ("q0", "q1")
-        for r in ("planner", "searcher")
-        for k in range(2)
-        for n in (10, 2, 0)
-    ]
-    assert episodes_of(ids, "searcher", "q1", 2) == [
+    key = parse_episode_id(eid)
+    assert key == EpisodeKey(3, "q1.searcher", 2, 0) and parse_episode_id("x-r1") is None
+    assert Call.of(eid, key.query_id, key.rollout, key.call) == Call(eid, "q1", "searcher", 2, 0)
+    assert Call.of(episode_id(3, "q1", 2, 0), "q1", 2, 0) is None  # not a program call
+    calls = []
+    for q in ("q0", "q1"):
+        for r in ("planner", "searcher"):
+            for k in range(2):
+                for n in (10, 2, 0):
+                    e = episode_id(0, program_query(q, r), k, n)
+                    k_ = parse_episode_id(e)
+                    calls.append(Call.of(e, k_.query_id, k_.rollout, k_.call))
+    assert calls_per_rollout(calls, "searcher", "q1", 2) == [
         [episode_id(0, "q1.searcher", k, n) for n in (0, 2, 10)] for k in range(2)
     ]  # call order, not text order
 
 
 def test_outcome_rewards_per_slot():
     ep = Episode(Transcript([1, 2], [0.0, -1.0], [0, 1], 1), False, math.nan)
-    samples = outcome_samples(
-        "searcher", "q0", [(0, "a"), (1, "b"), (1, "b")], {"a": ep, "b": ep}, [1.0, 0.0]
+    samples, empty = aligned_samples(
+        "searcher",
+        [CalleeQuery("q0", [["a"], ["b"]], [1.0, 0.0])],
+        slots=1,
+        mode="none",
+        seed_of=lambda _q: 0,
+        fetch=lambda ids: dict.fromkeys(ids, ep),
+        reward=outcome_reward,
     )
-    assert [s.reward for s in samples] == [1.0, 0.0, 0.0] and {s.group for s in samples} == {"q0"}
+    assert [s.reward for s in samples] == [1.0, 0.0] and {s.group for s in samples} == {"q0"} and empty == 0
 
 
 def test_a_completion_in_openai_shape():

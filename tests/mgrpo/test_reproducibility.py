@@ -21,7 +21,7 @@ from mgrpo.tasks.arithmetic import make_problems
 from mgrpo.tasks.deep_research import DeepResearchTask, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
-from mgrpo.warmstart import WarmstartConfig
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import demo as marsrl_demo
 
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WARMSTART = """
 import hashlib, json, sys
 from pathlib import Path
-from mgrpo.warmstart import WarmstartConfig, run_warmstart
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, run_warmstart
 out = Path(sys.argv[1])
 run_warmstart(WarmstartConfig(n_people=80, steps=4, batch_size=8, eval_questions=6), out)
 files = sorted(out.rglob("*.safetensors")) + [out / "eval.json"]

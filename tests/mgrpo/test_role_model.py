@@ -8,6 +8,8 @@ from mgrpo.engines.base import SamplingParams
 from mgrpo.models import build_model, save
 from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
+from mgrpo.runtime import Placement
+from mgrpo.workflows import job_spec
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +19,8 @@ def folder(tokenizer, tmp_path_factory):
 
 def role_model(folder, tmp_path, **job):
     cfg = JobConfig(roles={"planner": {"model": {"path": str(folder)}}}, **job)
-    return RoleModel(cfg, "planner", cache_dir=tmp_path, checkpoint_dir=tmp_path, job_id="j", last_step=-1)
+    placement = Placement(cache_dir=tmp_path, checkpoint_dir=tmp_path)
+    return RoleModel(job_spec(cfg), "planner", placement=placement, job_id="j", last_step=-1)
 
 
 def samples_of(m, versions):

@@ -3,7 +3,7 @@
 import pytest
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
+from mgrpo.workflows import job_spec
 
 
 @pytest.mark.parametrize(
@@ -15,6 +15,7 @@ from mgrpo.runtime import warmstart_config
     ],
 )
 def test_the_warm_start_follows_the_sub_agents_preset(config):
-    ws = warmstart_config(JobConfig.model_validate(config))
+    ws = job_spec(JobConfig.model_validate(config)).warmstart_config()
     assert ws.subagent_preset == "small" and ws.planner_preset == "tiny"
-    assert warmstart_config(JobConfig(mode=config.get("mode", "co_train"))).subagent_preset == "tiny-wide"
+    default = job_spec(JobConfig(mode=config.get("mode", "co_train"))).warmstart_config()
+    assert default.subagent_preset == "tiny-wide"

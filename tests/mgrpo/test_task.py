@@ -131,10 +131,15 @@ def test_a_corpus_of_your_documents(tmp_path):
 @pytest.mark.parametrize(("given", "want"), [(None, "cpu"), ("cuda", "cuda")])
 def test_the_search_index_keeps_jax_off_the_gpu_unless_told(given, want):
     """bm25s runs a JAX op on import where JAX is installed, and JAX would take 75 % of the GPU from
-    the trainer in the same process: importing the task keeps JAX on the CPU, unless the user chose."""
+    the trainer in the same process: building a search index keeps JAX on the CPU, unless the user
+    chose; importing the task changes nothing."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | (
         {"JAX_PLATFORMS": given} if given else {}
     )
-    code = "import os, sys, mgrpo.tasks.deep_research; print(os.environ.get('JAX_PLATFORMS'))"
+    code = (
+        "import os; from mgrpo.tasks.deep_research import Corpus; from mgrpo.tasks.world import Doc;"
+        "imported = os.environ.get('JAX_PLATFORMS'); Corpus([Doc('d1', 'Ada', 'Ada was born in 1900.')]);"
+        "print(imported, os.environ.get('JAX_PLATFORMS'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[-1] == want
+    assert out.stdout.split()[-2:] == [str(given), want]  # the import left it as it was

@@ -9,7 +9,14 @@ from mgrpo.models import train_tokenizer
 from mgrpo.records import Transcript
 from mgrpo.tasks.deep_research import compare, comparison_fact, team_plan
 from mgrpo.tasks.demos import comparer_demo
-from mgrpo.workflows.deep_research import Episode, align_query, callee_of, episodes_by_role, subagent_samples
+from mgrpo.workflows import DEEP_RESEARCH, DEEP_RESEARCH_TEAM
+from mgrpo.workflows.deep_research import (
+    CalleeQuery,
+    Episode,
+    Rollout,
+    aligned_samples,
+    subagent_outcome_reward,
+)
 
 
 def test_comparisons_and_the_compare_tool():
@@ -35,8 +42,8 @@ def test_team_plans_delegate_the_comparison(small_task):
     earlier, same = team_plan(world, by_kind["earlier"]), team_plan(world, by_kind["same_country"])
     assert earlier[-1][0].startswith("born first: ") and earlier[-1][1] == by_kind["earlier"].answer
     assert same[-1][0].startswith("same: ") and same[-1][1] == by_kind["same_country"].answer
-    assert [callee_of("deep_research_team", s) for s, _ in earlier] == ["searcher", "searcher", "comparer"]
-    assert {callee_of("deep_research", s) for s, _ in earlier} == {"subagent"}  # the paper's one sub-agent
+    assert [DEEP_RESEARCH_TEAM.callee_for(s) for s, _ in earlier] == ["searcher", "searcher", "comparer"]
+    assert {DEEP_RESEARCH.callee_for(s) for s, _ in earlier} == {"subagent"}  # the paper's one sub-agent
     assert team_plan(world, by_kind["country"])[-1][0].startswith("country of")  # no comparison
 
 
@@ -49,6 +56,7 @@ def test_the_comparer_demo_is_a_well_formed_episode():
 
 
 def test_each_sub_agent_role_aligns_its_own_episodes():
+    tr_ = Transcript([1], [0.0], [0], 1)
     # one query, K = 2: rollout 0 delegated two lookups and a comparison, rollout 1 one lookup
     dels = [
         [
@@ -58,15 +66,28 @@ def test_each_sub_agent_role_aligns_its_own_episodes():
         ],
         [Delegation("birth year of A", "1", "d", role="searcher")],
     ]
-    per_rollout = [episodes_by_role(d) for d in dels]
+    per_rollout = [Rollout(tr_, d).episodes_by_role() for d in dels]
     assert per_rollout == [{"searcher": ["a", "b"], "comparer": ["c"]}, {"searcher": ["d"]}]
-    searcher = align_query([r.get("searcher", []) for r in per_rollout], 2, seed=0, mode="duplicate_drop")
-    comparer = align_query([r.get("comparer", []) for r in per_rollout], 2, seed=0, mode="duplicate_drop")
-    assert searcher == [(0, "a"), (0, "b"), (1, "d"), (1, "d")]
-    assert comparer == [(0, "c")] * 4  # K·D = 4: rollout 1 made none and draws from the query's pool
     tr = Transcript([1, 2], [0.0, -1.0], [0, 1], 1)
     eps = {e: Episode(tr, True, 1.0) for e in "abcd"}
-    samples = subagent_samples("q0", searcher, eps, [1.0, 0.0], "searcher")
-    assert [s.role for s in samples] == ["searcher"] * 4 and [s.group for s in samples] == ["q0"] * 4
-    assert [s.reward for s in samples] == pytest.approx([1.0, 1.0, 0.6, 0.6])  # rollout 1's planner failed
-    assert {s.role for s in subagent_samples("q0", comparer, eps, [1.0, 0.0], "comparer")} == {"comparer"}
+
+    def samples_of(role):
+        query = CalleeQuery("q0", [r.get(role, []) for r in per_rollout], [1.0, 0.0])
+        return aligned_samples(
+            role,
+            [query],
+            slots=2,
+            mode="duplicate_drop",
+            seed_of=lambda _q: 0,
+            fetch=lambda ids: {e: eps[e] for e in ids},
+            reward=subagent_outcome_reward,
+        )[0]
+
+    searcher, comparer = samples_of("searcher"), samples_of("comparer")
+    assert [s.episode_id for s in searcher] == ["a", "b", "d", "d"]
+    assert [s.episode_id for s in comparer] == [
+        "c"
+    ] * 4  # K·D = 4: rollout 1 made none and draws from the query's pool
+    assert [s.role for s in searcher] == ["searcher"] * 4 and [s.group for s in searcher] == ["q0"] * 4
+    assert [s.reward for s in searcher] == pytest.approx([1.0, 1.0, 0.6, 0.6])  # rollout 1's planner failed
+    assert {s.role for s in comparer} == {"comparer"}

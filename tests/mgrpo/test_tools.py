@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pydantic import ValidationError
 
 from mgrpo.config import JobConfig, ToolConfig
 from mgrpo.tools import ToolBox, ToolError, calculator
+from mgrpo.workflows import job_spec
 from services.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,12 +157,15 @@ def test_tool_config_is_checked():
             }
         }
     )
-    assert [t.name for t in ok.tools_of("subagent")] == ["search", "wiki"]
-    assert [t.name for t in JobConfig().tools_of("subagent")] == [
+    assert [t.name for t in job_spec(ok).tools_of("subagent")] == ["search", "wiki"]
+    assert [t.name for t in job_spec(JobConfig()).tools_of("subagent")] == [
         "search",
         "open",
     ]  # the workflow's built-ins
-    assert [t.name for t in JobConfig(mode="single_agent").tools_of("planner")] == ["search", "open"]
+    assert [t.name for t in job_spec(JobConfig(mode="single_agent")).tools_of("planner")] == [
+        "search",
+        "open",
+    ]
     bad = [
         ({"roles": {"subagent": {"tools": [{"name": "browse"}]}}}, "no built-in tool 'browse'"),
         ({"roles": {"subagent": {"tools": [{"name": "w", "kind": "http"}]}}}, "give 'url'"),
@@ -174,5 +177,7 @@ def test_tool_config_is_checked():
         ),
     ]
     for config, says in bad:
-        with pytest.raises(ValidationError, match=says):
-            JobConfig.model_validate(config)
+        with pytest.raises(
+            ValueError, match=says
+        ):  # pydantic's ValidationError, or the workflow's JobConfigError
+            job_spec(JobConfig.model_validate(config))

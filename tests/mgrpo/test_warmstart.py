@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from mgrpo.models import load
-from mgrpo.warmstart import WarmstartConfig, cached_warmstart
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warmstart
 
 ROOT = Path(__file__).resolve().parents[2]
 

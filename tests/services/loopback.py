@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mgrpo.algo.rewards import normalize_answer
 from mgrpo.config import JobConfig
-from mgrpo.runtime import job_task
 from mgrpo.scoring import normalized
+from mgrpo.workflows.deep_research_warmstart import job_task
 from services.launcher import free_port
 
 

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import DEEP_RESEARCH, job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
-from shared_store import Store, keys
+from shared_store import Store
 from tests.services.checks import assert_accounted, supervised
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -52,7 +52,7 @@ def job_status(url, job_id):
 
 
 def test_random_kills_lose_no_job_and_no_step(tmp_path):
-    cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
     rng = random.Random(int(os.environ.get("MGRPO_CHAOS_SEED", "17")))
     cluster = LocalCluster(tmp_path, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)})
     with supervised(cluster):
@@ -73,9 +73,18 @@ def test_random_kills_lose_no_job_and_no_step(tmp_path):
                 timeout=30,
             )
             assert r.status_code == 201, r.text
-            while job_status(url, job_id)["status"] == "queued":
+            # somewhere in the job: once it runs, or once the root applied its first step (two steps to
+            # go), then a random moment later, while rollouts, an update or a checkpoint run
+            at = rng.randrange(JOB["steps"] - 1)
+            while (job := job_status(url, job_id))["status"] != "running" or job["steps_done"].get(
+                "planner", -1
+            ) < at - 1:
+                assert job["status"] in ("queued", "running"), job
                 time.sleep(0.2)
-            time.sleep(rng.uniform(0.5, 12.0))  # somewhere in the job: rollouts, an update, a checkpoint
+            time.sleep(rng.uniform(0.0, 0.5))
+            assert job_status(url, job_id)["status"] == "running", (
+                f"{job_id} ended before its kill: nothing tested"
+            )
             victim = victims[trial]
             if victim == "redis":
                 cluster.redis.kill()
@@ -88,9 +97,9 @@ def test_random_kills_lose_no_job_and_no_step(tmp_path):
                 time.sleep(0.5)
             assert job["status"] == "succeeded", (victim, job["reason"])
             marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
-            assert marks == sorted((r, s) for r in keys.ROLES for s in range(JOB["steps"])), (
+            assert marks == sorted((r, s) for r in DEEP_RESEARCH.role_names for s in range(JOB["steps"])), (
                 victim,
                 marks,
             )
-            assert_accounted(store, job_id, keys.ROLES)
+            assert_accounted(store, job_id, DEEP_RESEARCH.role_names)
     print(f"chaos: {TRIALS} trials passed; killed {killed}; restarts {cluster.restarts}")

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import job_task
 from mgrpo.workflows import get_workflow
+from mgrpo.workflows.deep_research_warmstart import job_task
 from services.launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -434,9 +434,15 @@ def test_demo_evaluates_each_workflow_on_its_default_number_of_questions(monkeyp
     from services.cli import app
 
     seen: dict[str, int] = {}
-    monkeypatch.setattr(services.demo, "run_demo", lambda out, **kw: seen.update(deep=kw["eval_questions"]))
     monkeypatch.setattr(
-        services.demo_marsrl, "run_marsrl_demo", lambda out, **kw: seen.update(marsrl=kw["eval_problems"])
+        services.demo,
+        "run_demo",
+        lambda out, options, console: seen.update(deep=services.demo.eval_count(options)),
+    )
+    monkeypatch.setattr(
+        services.demo_marsrl,
+        "run_marsrl_demo",
+        lambda out, options, console: seen.update(marsrl=services.demo_marsrl.eval_count(options)),
     )
     runner = CliRunner()
     for args in ([], ["--workflow", "marsrl"]):

@@ -21,12 +21,13 @@ from transformers import AutoModelForCausalLM
 from mgrpo.agents.chat import ChatFormat, tool_schemas
 from mgrpo.config import JobConfig
 from mgrpo.models import load
-from mgrpo.runtime import job_task, warmstart_config
 from mgrpo.tasks.deep_research import make_questions
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import DEEP_RESEARCH, job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart, job_task
 from services.launcher import LocalCluster
 from shared_store import Store, keys
-from shared_store.schemas import JobDispatch, PlannerStepStats, decode, episode_id
+from shared_store.keys import episode_id
+from shared_store.schemas import JobDispatch, PlannerStepStats, decode
 from shared_store.streams import get_step
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
 from tests.plugin_path import plugin_dist
@@ -50,7 +51,7 @@ SMALL = {
 
 @pytest.fixture(scope="module")
 def warm():
-    return cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    return cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -459,8 +460,8 @@ def test_pipelined_co_train_accounts_every_sample(cluster, store):
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
     marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
-    assert marks == sorted((r, s) for r in keys.ROLES for s in range(4))
-    totals = assert_accounted(store, job_id, keys.ROLES)
+    assert marks == sorted((r, s) for r in DEEP_RESEARCH.role_names for s in range(4))
+    totals = assert_accounted(store, job_id, DEEP_RESEARCH.role_names)
     assert job["samples"] == totals  # GET /v1/jobs/{id} reports the same accounts
     assert totals["planner"]["dropped"] == 0  # the schedule keeps every sample within the bound
     rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
@@ -498,11 +499,11 @@ def test_kill_9_each_trainer_and_resume_exactly_once(cluster, store):
     job = wait(cluster, job_id)
     assert job["status"] == "succeeded", job["reason"]
     marks = [(e.role, e.step) for e in store.ledger.entries(job_id)]
-    assert sorted(marks) == sorted((r, s) for r in keys.ROLES for s in range(5)), (
+    assert sorted(marks) == sorted((r, s) for r in DEEP_RESEARCH.role_names for s in range(5)), (
         marks
     )  # every step exactly once
     assert job["policy_versions"] == {"planner": 5, "subagent": 5}
-    assert_accounted(store, job_id, keys.ROLES)
+    assert_accounted(store, job_id, DEEP_RESEARCH.role_names)
     rows = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     reused = {r["step"] for r in rows if r["role"] == "planner" and r["values"].get("planner/step_reused")}
     assert reused == published and (trained == 3 or 3 in reused), (reused, published, trained)

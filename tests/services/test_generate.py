@@ -16,7 +16,7 @@ from mgrpo.engines.hf import HFEngine
 from mgrpo.models import build_model, train_tokenizer
 from services.common import install_common
 from services.generate import add_chat_routes, add_policy_routes
-from services.settings import Settings, get_settings
+from services.settings import Settings
 from shared_store import Store
 
 TEXTS = ["Ada Nuth was born in Dodus in 1984. Nuth works for Cougeith Corp."] * 20
@@ -27,13 +27,13 @@ def client():
     tok = train_tokenizer(TEXTS, 300)
     model = build_model("tiny", tok, seed=0, max_positions=256)
     engine = HFEngine(model, tok)
-    job = SimpleNamespace(job_id="j", version=3, m=SimpleNamespace(engine=engine, tokenizer=tok, model=model))
+    job = SimpleNamespace(
+        job_id="j", version=3, model=SimpleNamespace(engine=engine, tokenizer=tok, model=model)
+    )
     app = FastAPI()
     install_common(app, "planner")
     add_policy_routes(app, "planner", lambda _request: job)
-    app.dependency_overrides[get_settings] = lambda: Settings(
-        api_token="", max_generate_prompt_tokens=64, max_generate_new_tokens=32
-    )
+    app.state.settings = Settings(api_token="", max_generate_prompt_tokens=64, max_generate_new_tokens=32)
     with TestClient(app) as c:
         yield c
     engine.close()
@@ -64,13 +64,13 @@ def test_over_a_cap_is_a_fast_422_naming_the_setting(client, body, says):
 
 
 def test_prompt_and_budget_beyond_the_context_is_a_422(client):
-    client.app.dependency_overrides[get_settings] = lambda: Settings(
+    client.app.state.settings = Settings(
         api_token="", max_generate_prompt_tokens=10_000, max_generate_new_tokens=10_000
     )
     try:
         r = client.post("/v1/generate", json={"prompt": "Ada Nuth was born " * 20, "max_new_tokens": 200})
     finally:
-        client.app.dependency_overrides[get_settings] = lambda: Settings(
+        client.app.state.settings = Settings(
             api_token="", max_generate_prompt_tokens=64, max_generate_new_tokens=32
         )
     assert r.status_code == 422, r.text
@@ -91,7 +91,7 @@ def chat_app(redis_url, job_id):
     app = FastAPI()
     install_common(app, "searcher")
     add_chat_routes(app, "searcher", lambda _request: job)
-    app.dependency_overrides[get_settings] = lambda: Settings(api_token="admin")
+    app.state.settings = Settings(api_token="admin")
     with TestClient(app) as c:
         yield c, store, served
 

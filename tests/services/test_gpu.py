@@ -14,8 +14,8 @@ import torch
 
 from mgrpo.config import JobConfig
 from mgrpo.models import load, token_logprobs
-from mgrpo.runtime import warmstart_config
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -61,14 +61,14 @@ def test_engine_and_update_on_cuda(tokenizer_and_model_on_cuda):
 
 @pytest.fixture
 def tokenizer_and_model_on_cuda():
-    warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    warm = cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
     model, tok = load(warm.planner_path)
     return model.to("cuda"), tok
 
 
 def test_co_train_job_with_both_trainers_on_cuda(tmp_path):
     """A 2-step co_train job succeeds with MGRPO_DEVICE=cuda on both trainers; both report cuda."""
-    cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
     env = {"MGRPO_CACHE_DIR": str(CACHE), "MGRPO_DEVICE": "cuda"}
     with LocalCluster(tmp_path, extra_env=env) as cluster:  # its own embedded Redis
         job = {"steps": 2, "prompts_per_step": 4, "rollouts_per_query": 4, "subagent_slots_per_rollout": 2}

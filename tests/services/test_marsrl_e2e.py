@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import marsrl_warmstart_config
+from mgrpo.workflows import job_spec
 from mgrpo.workflows.marsrl_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
@@ -46,7 +46,7 @@ SHARED = {
 
 @pytest.fixture(scope="module")
 def warm():
-    return cached_warmstart(marsrl_warmstart_config(JobConfig.model_validate(JOB)), CACHE)
+    return cached_warmstart(job_spec(JobConfig.model_validate(JOB)).warmstart_config(), CACHE)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ import torch
 from openai import AuthenticationError, OpenAI
 from transformers import AutoModelForCausalLM
 
-from mgrpo.workflows.openai_agents import parse_episode
+from mgrpo.workflows.openai_agents import Call
 from services.launcher import LocalCluster
 from shared_store import Store
+from shared_store.keys import parse_episode_id
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
 from tests.services.loopback import RewardServer
 
@@ -90,7 +91,9 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
         after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
     ids = Store.connect(cluster.redis_url).episodes.step_ids(job_id, 1)
-    assert {parse_episode(e)[1] for e in ids if parse_episode(e)} == set(ROLES)
+    keys = [(e, parse_episode_id(e)) for e in ids]
+    calls = [Call.of(e, k.query_id, k.rollout, k.call) for e, k in keys if k is not None]
+    assert {c.role for c in calls if c is not None} == set(ROLES)
 
 
 def test_chat_completions_are_openai_compatible_and_need_the_token(cluster):

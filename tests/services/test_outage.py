@@ -5,6 +5,7 @@ and a 503 (never a 500) on the API while the store is away."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -42,6 +43,14 @@ def test_a_worker_waits_out_an_outage_and_runs_the_next_job(tmp_path):
         return True
 
     worker = JobWorker(store, "planner", "planner-0", run)
+    waiting_out = threading.Semaphore(0)  # released each time the worker starts waiting out the store
+    pause = worker._pause
+
+    def noted_pause(*args):
+        waiting_out.release()
+        return pause(*args)
+
+    worker._pause = noted_pause
     worker.start()
     try:
         store.jobs.create(CONFIG, "during", roles=("planner",))
@@ -50,13 +59,16 @@ def test_a_worker_waits_out_an_outage_and_runs_the_next_job(tmp_path):
         while not ran and time.monotonic() < deadline:
             time.sleep(0.05)
         server.kill()
-        time.sleep(14)  # past the client's retries: the job raised, the worker's reads fail
+        # past the client's retries: the job raised, and the worker, unable to mark it failed, waits
+        assert waiting_out.acquire(timeout=60), "the worker never started waiting out the outage"
         assert worker.thread.is_alive()
         server.start()
         failed = wait_status(store, "during", ("failed",))
         assert "ConnectionError" in failed.reason or "Timeout" in failed.reason, failed.reason
+        while waiting_out.acquire(blocking=False):  # the pauses of the first outage
+            pass
         server.kill()  # and once more while the worker is idle, blocked reading the dispatch stream
-        time.sleep(14)
+        assert waiting_out.acquire(timeout=60), "the idle worker never noticed the outage"
         assert worker.thread.is_alive()
         server.start()
         store.jobs.create(CONFIG, "after", roles=("planner",))

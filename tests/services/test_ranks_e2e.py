@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from mgrpo.config import JobConfig
-from mgrpo.runtime import warmstart_config
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import DEEP_RESEARCH, job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
-from shared_store import Store, keys
+from shared_store import Store
 from tests.services.checks import (
     assert_accounted,
     assert_updated,
@@ -55,7 +55,7 @@ JOB = {
 
 
 def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
-    warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    warm = cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
     cluster = LocalCluster(
         tmp_path,
         redis_url=redis_url,
@@ -94,11 +94,11 @@ def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
         # torchrun saw rank 1 killed and stopped the group
         assert "(exitcode: -9) local_rank: 1" in log, log[-3000:]
         marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
-        assert marks == sorted((r, s) for r in keys.ROLES for s in range(JOB["steps"])), marks
-        assert_accounted(store, job_id, keys.ROLES)
+        assert marks == sorted((r, s) for r in DEEP_RESEARCH.role_names for s in range(JOB["steps"])), marks
+        assert_accounted(store, job_id, DEEP_RESEARCH.role_names)
 
         records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H, timeout=10).json()["records"]
-        for role in keys.ROLES:
+        for role in DEEP_RESEARCH.role_names:
             sync = [
                 r["values"][f"{role}/weight_sync_s"]
                 for r in records
@@ -174,7 +174,7 @@ def upcycled(dense_path: str | Path, out: Path, experts: int = 4) -> Path:
 
 
 def test_a_mixture_of_experts_planner_trains_with_its_experts_over_two_ranks(tmp_path, redis_url):
-    warm = cached_warmstart(warmstart_config(JobConfig()), CACHE)
+    warm = cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
     path = upcycled(warm.planner_path, tmp_path / "planner-moe")
     cluster = LocalCluster(
         tmp_path / "run",

@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 from mgrpo.agents.chat import ChatFormat, tool_schemas
 from mgrpo.config import JobConfig
 from mgrpo.models import load
-from mgrpo.runtime import job_task, warmstart_config
 from mgrpo.tasks.deep_research import make_questions
-from mgrpo.warmstart import cached_warmstart
+from mgrpo.workflows import job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart, job_task
 from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import PlannerStepStats, decode
@@ -48,7 +48,7 @@ JOB = {
 
 @pytest.fixture(scope="module")
 def warm():
-    return cached_warmstart(warmstart_config(JobConfig.model_validate(JOB)), CACHE, team=True)
+    return cached_warmstart(job_spec(JobConfig.model_validate(JOB)).warmstart_config(), CACHE, team=True)
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
             assert recorded is not None
             meta, arrays = recorded
             schemas = tool_schemas(
-                [(t.name, t.kind) for t in JobConfig.model_validate(config).tools_of(role)]
+                [(t.name, t.kind) for t in job_spec(JobConfig.model_validate(config)).tools_of(role)]
             )
             prompt = ChatFormat(fmt.tok, schemas).prompt_ids(meta.subtask)
             assert (

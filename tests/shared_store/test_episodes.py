@@ -3,7 +3,8 @@ import pytest
 
 from shared_store import EpisodeArrays
 from shared_store.episodes import EpisodeNotFoundError
-from shared_store.schemas import EpisodeMeta, PayloadError, episode_id
+from shared_store.keys import episode_id
+from shared_store.schemas import EpisodeMeta, PayloadError
 
 pytestmark = pytest.mark.redis
 

@@ -7,14 +7,15 @@ from shared_store.jobs import JobConflictError, JobNotFoundError
 from shared_store.schemas import JobDispatch, decode
 
 pytestmark = pytest.mark.redis
+ROLES = ("planner", "subagent")
 
 
 def test_create_is_idempotent_by_id(store, job_id):
-    rec, created = store.jobs.create({"steps": 2}, job_id)
-    again, created_again = store.jobs.create({"steps": 2}, job_id)
+    rec, created = store.jobs.create({"steps": 2}, job_id, roles=ROLES)
+    again, created_again = store.jobs.create({"steps": 2}, job_id, roles=ROLES)
     assert created and not created_again and again.created_at == rec.created_at
     with pytest.raises(JobConflictError, match="another config"):
-        store.jobs.create({"steps": 3}, job_id)
+        store.jobs.create({"steps": 3}, job_id, roles=ROLES)
     assert store.jobs.get(job_id).config == {"steps": 2}  # nothing overwritten
 
 
@@ -27,9 +28,9 @@ def dispatched(store, job_id):
 
 
 def test_create_dispatches_once_to_all_roles(store, job_id):
-    store.jobs.create({"x": 1}, job_id)
-    store.jobs.create({"x": 1}, job_id)
-    assert [m.roles for m in dispatched(store, job_id)] == [list(keys.ROLES)]
+    store.jobs.create({"x": 1}, job_id, roles=ROLES)
+    store.jobs.create({"x": 1}, job_id, roles=ROLES)
+    assert [m.roles for m in dispatched(store, job_id)] == [list(ROLES)]
 
 
 def test_concurrent_creates_of_one_id_dispatch_once(store, job_id):
@@ -48,7 +49,7 @@ def test_concurrent_creates_of_one_id_dispatch_once(store, job_id):
 
 
 def test_generated_id_and_listing(store):
-    ids = [store.jobs.create({"i": i})[0].job_id for i in range(3)]
+    ids = [store.jobs.create({"i": i}, roles=ROLES)[0].job_id for i in range(3)]
     page, total = store.jobs.list(limit=2)
     assert total >= 3 and len(page) == 2
     assert page[0].job_id == ids[-1]  # newest first
@@ -59,7 +60,7 @@ def test_generated_id_and_listing(store):
 
 
 def test_legal_and_illegal_transitions(store, job_id):
-    store.jobs.create({}, job_id)
+    store.jobs.create({}, job_id, roles=ROLES)
     assert store.jobs.transition(job_id, "running").status == "running"
     assert store.jobs.transition(job_id, "running").status == "running"  # idempotent
     assert store.jobs.transition(job_id, "succeeded").status == "succeeded"
@@ -72,17 +73,17 @@ def test_legal_and_illegal_transitions(store, job_id):
 
 
 def test_failure_reason_is_kept(store, job_id):
-    store.jobs.create({}, job_id)
+    store.jobs.create({}, job_id, roles=ROLES)
     store.jobs.transition(job_id, "running")
     rec = store.jobs.transition(job_id, "failed", "subagent service did not answer for 60 s")
     assert rec.status == "failed" and "subagent" in rec.reason
 
 
 def test_cancel(store, job_id):
-    store.jobs.create({}, job_id)
+    store.jobs.create({}, job_id, roles=ROLES)
     assert store.jobs.request_cancel(job_id).status == "cancelled"  # queued: at once
     other = job_id + "-b"
-    store.jobs.create({}, other)
+    store.jobs.create({}, other, roles=ROLES)
     store.jobs.transition(other, "running")
     rec = store.jobs.request_cancel(other)
     assert rec.status == "running" and rec.cancel_requested and store.jobs.cancel_requested(other)
@@ -92,7 +93,7 @@ def test_cancel(store, job_id):
 
 
 def test_concurrent_writers_one_winner(store, job_id):
-    store.jobs.create({}, job_id)
+    store.jobs.create({}, job_id, roles=ROLES)
     store.jobs.transition(job_id, "running")
     outcomes: list[str] = []
     barrier = threading.Barrier(12)

@@ -8,13 +8,13 @@ import pytest
 from shared_store import Store, keys
 from shared_store.connection import StoreUnavailableError, connect
 from shared_store.embedded import RedisServer, free_port
+from shared_store.keys import episode_id
 from shared_store.schemas import (
     EpisodeMeta,
     PlannerStepStats,
     PolicyVersion,
     QueryStats,
     RolloutStat,
-    episode_id,
 )
 from shared_store.streams import StreamConsumer, publish_step
 

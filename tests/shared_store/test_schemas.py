@@ -5,6 +5,7 @@ import pytest
 
 from shared_store import EpisodeArrays
 from shared_store.codec import decode_arrays, pack_episode, unpack_episode
+from shared_store.keys import episode_id
 from shared_store.schemas import (
     EpisodeGroup,
     EpisodeMeta,
@@ -22,7 +23,6 @@ from shared_store.schemas import (
     ScoredEpisode,
     decode,
     encode,
-    episode_id,
 )
 
 J = "job-a"

@@ -10,9 +10,9 @@ from planner_trainer.root import Rollouts
 
 
 class LookupPlannerJob(PlannerJob):
-    def _questions(self, step: int) -> list[Question]:
-        if self.pool:  # a job's own dataset wins
-            return super()._questions(step)
+    def questions(self, step: int) -> list[Question]:
+        if self.queries.pool:  # a job's own dataset wins
+            return super().questions(step)
         seed = random.Random(f"lookup:{self.cfg.seed}:{self.cfg.run_seed}:{step}").randrange(2**31)
         return make_questions(self.task.world, "train", 1, self.cfg.prompts_per_step, seed=seed)
 

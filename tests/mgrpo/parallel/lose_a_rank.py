@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import time
 
-from mgrpo.parallel import ranks
 from mgrpo.parallel.group import init_from_env
+from mgrpo.parallel.ranks import RankGroup, RankLost
 from tests.mgrpo.parallel.updates import LR, tiny
 
 if __name__ == "__main__":
     assert init_from_env(timeout_s=60)
+    ranks = RankGroup()
     model, _ = tiny()
     if os.environ["RANK"] == "1":
         ranks.serve_one()  # the open call
@@ -21,5 +22,5 @@ if __name__ == "__main__":
     t0 = time.monotonic()
     try:
         ranks.call("optimizer_state")
-    except ranks.RankLost as exc:
+    except RankLost as exc:
         print(f"RankLost after {time.monotonic() - t0:.1f} s: {exc}", flush=True)

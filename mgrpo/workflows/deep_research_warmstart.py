@@ -17,22 +17,25 @@ import json
 import random
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.batching import length_sorted_chunks, sft_step_chunked
+from mgrpo.config import JobConfig
 from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate, evaluate_single
-from mgrpo.models import PRESETS, build_model, load, save, train_tokenizer
+from mgrpo.models import build_model, load, save, train_tokenizer
+from mgrpo.presets import PRESETS
 from mgrpo.records import Transcript
 from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
+from mgrpo.workflows.spec import JobSpec
 
 ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerFast]
 EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
@@ -77,6 +80,11 @@ class WarmstartResult:
 
 
 def make_task(cfg: WarmstartConfig) -> DeepResearchTask:
+    return DeepResearchTask(generate_world(cfg.seed, n_people=cfg.n_people))
+
+
+def job_task(cfg: JobConfig) -> DeepResearchTask:
+    """A deep-research job's task: the built-in world of its seed and size (its warm start's world)."""
     return DeepResearchTask(generate_world(cfg.seed, n_people=cfg.n_people))
 
 
@@ -367,3 +375,87 @@ def run_team_warmstart(
     (out / "config.json").write_text(cfg.provenance())
     (out / "eval.json").write_text(json.dumps({}, indent=2))
     return WarmstartResult(out, out / "planner", out / "searcher", {}, cached=False)
+
+
+@dataclass(frozen=True)
+class DeepResearchWarmStart:
+    """The deep-research workflows' `WarmStart` (`mgrpo.workflows.spec`): `pair` (planner and
+    sub-agent), `single` (the single-agent baseline's one model) or `team` (planner, searcher,
+    comparer). Its config comes from the job's seed, world size, warm-start steps and the presets of
+    the workflow's root and first callee (in single_agent mode, of the workflow the job names)."""
+
+    kind: Literal["pair", "single", "team"]
+    title: str = "warm start"
+
+    def config(self, job: JobSpec) -> WarmstartConfig:
+        steps = 350 if job.cfg.warmstart_steps is None else job.cfg.warmstart_steps
+        wf = job.workflow  # not job.flow: single_agent mode still names the warm start's sub-agent
+        callee = job.model_of(wf.callees[0]).preset if wf.callees else None
+        return WarmstartConfig(
+            seed=job.cfg.seed,
+            n_people=job.cfg.n_people,
+            steps=steps,
+            planner_preset=job.model_of(wf.root).preset or "tiny",
+            subagent_preset=callee or "tiny-wide",
+            eval_questions=100 if steps >= 100 else 0,
+        )
+
+    def steps(self, config: WarmstartConfig) -> int:
+        return config.steps
+
+    def eval_rollouts(self, config: WarmstartConfig) -> int:
+        return config.eval_rollouts() if self.kind == "pair" else 0
+
+    def build(
+        self,
+        config: WarmstartConfig,
+        cache_dir: Path,
+        *,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+        on_eval: Callable[[], None] | None = None,
+    ) -> WarmstartResult:
+        return cached_warmstart(
+            config,
+            cache_dir,
+            single_agent=self.kind == "single",
+            team=self.kind == "team",
+            on_step=on_step,
+            on_eval=on_eval,
+        )
+
+    def source(self, job: JobSpec, role: str, cache_dir: Path) -> str:
+        built = self.build(self.config(job), cache_dir)
+        if self.kind == "single":
+            return str(built.planner_path)
+        if self.kind == "team":
+            if role == "comparer" and job.model_of(role).preset != "tiny":
+                raise ValueError(
+                    "roles.comparer.model: the team warm start trains the comparer from the 'tiny' preset; give a path for another model"
+                )
+            return str(built.folder / role)
+        names = {job.workflow.root: built.planner_path, job.workflow.callees[0]: built.subagent_path}
+        if role not in names:
+            raise ValueError(
+                f"roles.{role}.model: the deep-research warm start builds {', '.join(names)}; give a path for {role}"
+            )
+        return str(names[role])
+
+    def evaluated_on(self, config: WarmstartConfig, n: int) -> WarmstartConfig:
+        return replace(config, eval_questions=n)
+
+    def summary(self, built: WarmstartResult) -> list[str]:
+        out = []
+        for name, m in built.metrics.items():
+            process = "  ".join(
+                f"{k} {v:.2f}" for k, v in m.items() if k not in ("success", "majority_baseline")
+            )
+            out += [
+                f"{name} success {m['success']:.2f}  majority baseline {m['majority_baseline']:.2f}",
+                f"  {process}",
+            ]
+        return out
+
+
+PAIR = DeepResearchWarmStart("pair")
+SINGLE = DeepResearchWarmStart("single")
+TEAM = DeepResearchWarmStart("team")

@@ -32,6 +32,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mgrpo.retention import retained
+
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 SHARDED = "optimizer"  # a checkpoint's folder of DCP optimizer shards
 
@@ -76,10 +78,11 @@ def save_checkpoint(
     (tmp / "mgrpo.json").write_text(json.dumps({"step": step, "version": version}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for old in sorted(root.glob("step-*"))[:-keep]:
-        if keep_every_steps and (int(old.name.removeprefix("step-")) + 1) % keep_every_steps == 0:
-            continue
-        shutil.rmtree(old, ignore_errors=True)
+    folders = {int(p.name.removeprefix("step-")): p for p in root.glob("step-*")}
+    kept = retained(folders, keep=keep, keep_every_steps=keep_every_steps)
+    for s, old in folders.items():
+        if s not in kept:
+            shutil.rmtree(old, ignore_errors=True)
     return CheckpointInfo(final, step, version)
 
 

@@ -255,7 +255,7 @@ class ProgramConfig(_Strict):
     entry_point: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="A Python function `package.module:function(query, base_urls, api_key) -> answer` importable by the root role's service; base_urls maps each role to its OpenAI-compatible base URL for this run.",
+        description="A Python function `package.module:function(query, base_urls, api_key) -> answer` the cluster's operator allowed (MGRPO_ALLOWED_PROGRAMS, or an installed package's `mgrpo.programs` entry point; anything else is a 422); base_urls maps each role to its OpenAI-compatible base URL for this run.",
     )
     url: str | None = Field(
         None,
@@ -332,10 +332,13 @@ class JobConfig(_Strict):
     stage: Literal[1, 2] = Field(
         2, description="Question stage of the built-in task (1 simple, 2 multi-hop)."
     )
-    seed: int = Field(0, description="Job seed: world, warm start, question sampling, alignment draws.")
+    seed: int = Field(
+        0, ge=0, le=2**32 - 1, description="Job seed: world, warm start, question sampling, alignment draws."
+    )
     run_seed: int = Field(
         0,
         ge=0,
+        le=2**32 - 1,
         description="Varies the RL run (question order, alignment draws) on the same world and warm start.",
     )
     n_people: int = Field(2000, ge=10, le=1_000_000, description="People in the built-in world.")

@@ -27,6 +27,7 @@ ID_PREFIX = "ds-"
 PARQUET_MAGIC = b"PAR1"
 MAX_QUERY_CHARS = 8000
 MAX_ANSWER_CHARS = 2000
+MAX_METADATA_DEPTH = 32  # how deep a row's metadata may nest (a deeper one is refused, not recursed into)
 
 
 class DatasetError(ValueError):
@@ -48,6 +49,25 @@ class Row(BaseModel):
         if not v.strip():
             raise ValueError("must not be blank")
         return v
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _shallow(cls, v: Any) -> Any:
+        if nesting(v) > MAX_METADATA_DEPTH:
+            raise ValueError(f"nests more than {MAX_METADATA_DEPTH} levels deep; flatten it")
+        return v
+
+
+def nesting(value: Any) -> int:
+    """How many levels of lists and objects `value` nests (0 for a scalar), without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth + 1)
+            if depth + 1 <= MAX_METADATA_DEPTH:  # deeper is refused anyway: stop counting there
+                todo += [(x, depth + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
 
 
 def _row(i: int, obj: Any) -> Row:
@@ -85,6 +105,10 @@ def parse(data: bytes) -> list[Row]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"row {i}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise DatasetError(
+                f"row {i}: nests too deeply to read; at most {MAX_METADATA_DEPTH} levels"
+            ) from None
         rows.append(_row(i, obj))
     if not rows:
         raise DatasetError("the file has no rows: give at least one row with 'query' and 'answer'")
@@ -111,7 +135,12 @@ def canonical(rows: Sequence[Row]) -> bytes:
 
 
 def dataset_id(rows: Sequence[Row]) -> str:
-    return ID_PREFIX + hashlib.sha256(canonical(rows)).hexdigest()[:16]
+    return blob_id(canonical(rows))
+
+
+def blob_id(blob: bytes) -> str:
+    """The id of a dataset whose canonical form is `blob`."""
+    return ID_PREFIX + hashlib.sha256(blob).hexdigest()[:16]
 
 
 def splits(rows: Sequence[Row]) -> dict[str, int]:

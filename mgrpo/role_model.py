@@ -97,7 +97,9 @@ class RoleModel:
             placement.checkpoint_dir / job_id / role,
         )
         resume = latest_checkpoint(self.ckpt_root, step=last_step) if last_step >= 0 else None
-        source = str(resume.path) if resume else role_model_source(job, role, placement.cache_dir)
+        source = (
+            str(resume.path) if resume else role_model_source(job, role, placement.cache_dir, placement.stop)
+        )
         model, self.tokenizer = load(source)
         self.model = place(model, placement.device).eval()
         optim = job.optim_of(role)

@@ -3,6 +3,7 @@ the cached warm start of its presets, or a folder), its rollout engine and its K
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +24,8 @@ class Placement:
     """Where and how a role's trainer runs (its service's settings): the warm-start cache and the
     checkpoint volume, the torch device, the SGLang servers it rolls out with (`sglang_url`; '' = the
     in-process hf engine) and the address they take pushed weights from (`sglang_sync_host`), the
-    service's own URL as others reach it, its stream consumer's name, and its group of ranks when it
-    trains on W > 1 (`mgrpo.parallel.ranks`)."""
+    service's own URL as others reach it, its stream consumer's name, its group of ranks when it
+    trains on W > 1 (`mgrpo.parallel.ranks`), and the agent programs it may run (`mgrpo.programs`)."""
 
     cache_dir: Path = Path(".cache/mgrpo")
     checkpoint_dir: Path = Path("checkpoints")
@@ -34,6 +35,8 @@ class Placement:
     public_url: str = ""
     consumer_name: str = ""
     ranks: RankGroup | None = None  # this service's group of ranks (W > 1), on rank 0
+    allowed_programs: tuple[str, ...] = ()  # agent programs the operator allows (mgrpo.programs)
+    stop: threading.Event | None = None  # set when the job ends: a warm-start build gives up
 
 
 def resolve_device(name: str) -> torch.device:
@@ -48,13 +51,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def role_model_source(job: JobSpec, role: str, cache_dir: Path) -> str:
+def role_model_source(job: JobSpec, role: str, cache_dir: Path, stop: threading.Event | None = None) -> str:
     """Where the role's starting model is: `path` when given, else the (cached) warm start of the
-    running workflow's presets (`JobSpec.warm_start`)."""
+    running workflow's presets (`JobSpec.warm_start`; a build gives up when `stop` is set)."""
     spec = job.model_of(role)
     if spec.path is not None:
         return spec.path
-    return job.warm_start().source(job, role, cache_dir)
+    return job.warm_start().source(job, role, cache_dir, stop=stop)
 
 
 def load_role_model(

@@ -4,13 +4,17 @@ The callee answers with a `Server-Timing` header (its handler time and its Redis
 client records, per call, the time spent in exchange (HTTP + Redis) rather than in the model.
 Retries with backoff while the callee's service is down or still loading the job, up to the job's
 `partner_timeout_s`; then `PartnerError` names the partner, so the job fails with a clear reason
-instead of hanging. A cancel of the job ends the retries within half a second.
+instead of hanging. The job's end (`ended`: a cancel, or another service failing it) ends a call in
+flight — even one a stopped partner never answers — and every retry within a fifth of a second
+(`JobCancelled`); the abandoned request is cut when the client closes with the job.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -46,13 +50,14 @@ class CalleeClient:
         *,
         timeout_s: float,
         role: str,
-        cancelled: Callable[[], bool] | None = None,
+        ended: threading.Event | None = None,
         sign: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
-        """`cancelled()`: checked before every retry; True ends the wait with `JobCancelled`.
-        `sign(body)`: the delegation's capability (`shared_store.capabilities`), sent with it."""
+        """`ended`: set when the job ended (`shared_store.jobs.JobWatch`): a call in flight or a
+        retry then raises `JobCancelled`. `sign(body)`: the delegation's capability
+        (`shared_store.capabilities`), sent with it."""
         self.base_url, self.role, self.sign = base_url.rstrip("/"), role, sign
-        self.timeout_s, self.cancelled = timeout_s, cancelled
+        self.timeout_s, self.ended = timeout_s, ended or threading.Event()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(
             base_url=self.base_url,
@@ -60,6 +65,7 @@ class CalleeClient:
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
         )
+        self.calls = ThreadPoolExecutor(max_workers=256, thread_name_prefix=f"call-{role}")
 
     def episode(self, body: dict[str, Any]) -> Delegation:
         if self.sign is not None:
@@ -69,7 +75,7 @@ class CalleeClient:
         while time.monotonic() < deadline:
             try:
                 t0 = time.perf_counter()
-                resp = self.http.post("/v1/episodes", json=body)
+                resp = self._post(body)
                 if resp.status_code == 200:
                     data = resp.json()
                     timing = server_timing(resp.headers.get("server-timing", ""))
@@ -86,13 +92,24 @@ class CalleeClient:
                 last = f"{resp.status_code} {resp.text[:200]}"
             except httpx.HTTPError as exc:
                 last = str(exc) or type(exc).__name__
-            if self.cancelled is not None and self.cancelled():
+            if self.ended.wait(delay):
                 raise JobCancelled()
-            time.sleep(delay)
             delay = min(delay * 2, 0.5)
         raise PartnerError(
             f"the {self.role} service at {self.base_url} did not answer within {self.timeout_s:.0f} s ({last})"
         )
 
+    def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """The POST, abandoned (`JobCancelled`) as soon as the job ends while it waits for an answer."""
+        call = self.calls.submit(self.http.post, "/v1/episodes", json=body)
+        while True:
+            try:
+                return call.result(timeout=0.1)
+            except TimeoutError:
+                if self.ended.is_set():
+                    call.cancel()
+                    raise JobCancelled() from None
+
     def close(self) -> None:
-        self.http.close()
+        self.calls.shutdown(wait=False, cancel_futures=True)
+        self.http.close()  # cuts the requests an ended job abandoned

@@ -11,15 +11,16 @@ run and pooled per query, with the run's outcome as reward (mgrpo/workflows/open
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import httpx
 import numpy as np
 
-from mgrpo.agents.openai_chat import ChatCall, ChatSessions, serve, session_id
+from mgrpo.agents.openai_chat import ChatCall, ChatLimits, ChatSessions, serve, session_id
 from mgrpo.algo import alignment_seed
 from mgrpo.config import ProgramConfig
+from mgrpo.programs import check_program
 from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.deep_research import Question
 from mgrpo.timing import PhaseTimer
@@ -43,9 +44,11 @@ from shared_store.schemas import PlannerStepStats, QueryStats, RolloutStat
 Program = Callable[[str, dict[str, str], str], str]  # (query, base URL per role, api key) -> answer
 
 
-def load_program(cfg: ProgramConfig) -> Program:
-    """The job's program: a Python function, or an HTTP endpoint called the same way."""
+def load_program(cfg: ProgramConfig, allowed: Collection[str] = ()) -> Program:
+    """The job's program: a Python function the operator allowed (`mgrpo.programs`), or an HTTP
+    endpoint called the same way."""
     if cfg.entry_point is not None:
+        check_program(cfg.entry_point, allowed)
         fn = import_string(cfg.entry_point)
         if not callable(fn):
             raise ValueError(f"program.entry_point: {cfg.entry_point} is not a function")
@@ -74,14 +77,16 @@ class ProgramRootJob(QuestionRoot):
                 f"no URL for role(s) {', '.join(missing)}: set MGRPO_PUBLIC_URL on the root service and MGRPO_ROLE_URLS"
             )
         self.program_cfg, self.role_urls = self.cfg.program, urls
-        self.program = load_program(self.cfg.program)
+        self.program = load_program(self.cfg.program, self.placement.allowed_programs)
         self.sessions = ChatSessions()
         self.program_errors = 0  # the program raised, or returned something other than a string
         # it returned an empty answer (a model may say nothing): scored as a failed run
         self.empty_answers = 0
 
     # ---- serving the root role's own calls --------------------------------------------------------
-    def chat_completion(self, session: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    def chat_completion(
+        self, session: str | None, body: dict[str, Any], limits: ChatLimits | None = None
+    ) -> dict[str, Any]:
         spec = self.model.model_spec
         return serve(
             self.model.engine,
@@ -93,6 +98,7 @@ class ProgramRootJob(QuestionRoot):
             max_tokens=self.program_cfg.max_tokens,
             parser=spec.tool_parser,
             record=self.record,
+            limits=limits,
         )
 
     def record(self, step: int, query_id: str, rollout: int, n: int, call: ChatCall) -> None:

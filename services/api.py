@@ -26,7 +26,7 @@ class JobView(BaseModel):
         default_factory=dict,
         description="Each role's training queue over the job: produced, trained, dropped (stale, `stale_samples: drop`), unaligned.",
     )
-    latest_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)
+    latest_metrics: dict[str, dict[str, float | None]] = Field(default_factory=dict)
 
 
 class DatasetView(BaseModel):
@@ -105,7 +105,7 @@ class GenerateRequest(BaseModel):
     max_new_tokens: int = Field(48, ge=1, le=4096)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Seeds the draw (0 … 2³² − 1).")
 
 
 class GenerateResponse(BaseModel):

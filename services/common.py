@@ -170,7 +170,7 @@ class _TrainingMetrics(Collector):
             raw = self.app.state.store.client.hget(keys.metrics(job.job_id), self.role)
             if raw is not None:
                 for name, value in decode(MetricsEvent, raw).values.items():
-                    gauge.add_metric([job.job_id, name], value)
+                    gauge.add_metric([job.job_id, name], math.nan if value is None else value)
         yield gauge
 
 

@@ -4,8 +4,10 @@ trainer services through Redis, and reports status, metrics, events and checkpoi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, NoReturn, cast
@@ -15,21 +17,58 @@ from fastapi.responses import StreamingResponse
 
 from mgrpo import datasets
 from mgrpo.config import JobConfig
+from mgrpo.programs import check_program
+from mgrpo.retention import retained
 from mgrpo.workflows import JobConfigError, job_spec
 from services.api import CheckpointList, DatasetList, DatasetView, JobList, JobView, MetricsList
 from services.common import AuthDep, ReadDep, SettingsDep, StoreDep, install_common
 from services.settings import Settings
 from shared_store import Store, keys
 from shared_store.datasets import DatasetNotFoundError
-from shared_store.jobs import JobNotFoundError
-from shared_store.schemas import TERMINAL, JobRecord, MetricsEvent, decode
+from shared_store.jobs import JobConflictError, JobNotFoundError
+from shared_store.schemas import TERMINAL, DatasetInfo, JobRecord, MetricsEvent, decode
+from shared_store.streams import publish_metrics
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    app.state.store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
+    app.state.store = store = Store.connect(
+        settings.redis_url, wait_s=settings.redis_wait_s, job_retention_s=settings.job_retention_s
+    )
+    sweeper = asyncio.create_task(_sweep(store, settings.queue_timeout_s))
     yield
+    sweeper.cancel()
+
+
+async def _sweep(store: Store, timeout_s: float) -> None:
+    """Fail, every few seconds, the queued jobs whose roles no trainer has served for `timeout_s`."""
+    while True:
+        await asyncio.sleep(min(5.0, timeout_s / 2))
+        with contextlib.suppress(Exception):  # the store away: the next round tries again
+            await asyncio.to_thread(fail_unserved, store, timeout_s)
+
+
+def fail_unserved(store: Store, timeout_s: float) -> list[str]:
+    """The newest queued jobs that waited `timeout_s` with a role no trainer serves, failed with the
+    missing roles named (they once stayed queued forever, with no reason)."""
+    failed, now = [], time.time()
+    records, _ = store.jobs.list(limit=200)
+    for record in records:
+        if record.status != "queued" or now - record.updated_at < timeout_s:
+            continue
+        missing = store.presence.missing(record.roles or keys.LEGACY_ROLES)
+        if not missing:
+            continue
+        reason = (
+            f"no trainer serves role(s) {', '.join(missing)} (none was up in the {timeout_s:.0f} s the job "
+            f"waited): start a trainer service for each (`mgrpo serve planner --role <root>`, `mgrpo serve "
+            f"subagent --role <callee>`, or a cluster for this workflow), then resume the job"
+        )
+        with contextlib.suppress(JobConflictError):  # a trainer took it meanwhile
+            store.jobs.transition(record.job_id, "failed", reason)
+            failed.append(record.job_id)
+    return failed
 
 
 router = APIRouter()
@@ -102,20 +141,26 @@ async def upload_dataset(
         body += chunk
         if len(body) > limit:
             raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, _too_large(limit))
-    try:
-        rows = await asyncio.to_thread(datasets.parse, bytes(body))
+    try:  # parsing, hashing and storing a large file: off the event loop, so other requests go on
+        info, created = await asyncio.to_thread(_ingest, store, bytes(body), name)
     except datasets.DatasetError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-    info, created = store.datasets.put(
-        datasets.dataset_id(rows),
-        datasets.canonical(rows),
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return DatasetView(**info.model_dump(include=set(DatasetView.model_fields)), created=created)
+
+
+def _ingest(store: Store, body: bytes, name: str) -> tuple[DatasetInfo, bool]:
+    """Validate an upload's rows and store their canonical form under its hash (in a worker thread)."""
+    rows = datasets.parse(body)
+    blob = datasets.canonical(rows)
+    return store.datasets.put(
+        datasets.blob_id(blob),
+        blob,
         name=name,
         rows=len(rows),
         splits=datasets.splits(rows),
     )
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return DatasetView(**info.model_dump(include=set(DatasetView.model_fields)), created=created)
 
 
 def _too_large(limit: int) -> str:
@@ -206,6 +251,11 @@ def create_job(
         job = job_spec(config)
     except JobConfigError as exc:
         _unprocessable(exc.loc, exc.msg)
+    if config.program is not None and config.program.entry_point is not None:
+        try:
+            check_program(config.program.entry_point, settings.allowed_programs)
+        except ValueError as exc:
+            _unprocessable(("program", "entry_point"), str(exc))
     size = config.steps * config.prompts_per_step * config.rollouts_per_query
     if size > settings.max_job_rollouts:
         _unprocessable(
@@ -222,7 +272,16 @@ def create_job(
                 f"limit of {settings.max_context_tokens:,} (MGRPO_MAX_CONTEXT_TOKENS)",
             )
     _check_dataset(store, config)
-    record, _ = store.jobs.create(config.model_dump(mode="json"), job_id, roles=job.trainer_roles)
+    record, created = store.jobs.create(config.model_dump(mode="json"), job_id, roles=job.trainer_roles)
+    if created and (missing := store.presence.missing(job.trainer_roles)):
+        message = (
+            f"no trainer serves role(s) {', '.join(missing)} yet: the job fails unless one starts within "
+            f"{settings.queue_timeout_s:.0f} s (MGRPO_QUEUE_TIMEOUT_S)"
+        )
+        publish_metrics(
+            store.client,
+            MetricsEvent(job_id=record.job_id, step=-1, role="controller", kind="event", message=message),
+        )
     return job_view(store, record)
 
 
@@ -262,8 +321,16 @@ def job_metrics(job_id: str, store: StoreDep) -> MetricsList:
     "/v1/jobs/{job_id}/checkpoints", response_model=CheckpointList, dependencies=[ReadDep], tags=["jobs"]
 )
 def job_checkpoints(job_id: str, store: StoreDep) -> CheckpointList:
-    store.jobs.get(_checked(job_id))
-    return CheckpointList(job_id=job_id, checkpoints=store.policies.checkpoints(job_id))
+    """Each role's checkpoints on its volume: the records of the steps its trainer keeps (the
+    others were garbage-collected; `mgrpo.retention`), the newest record of each step."""
+    record = store.jobs.get(_checked(job_id))
+    every = int(record.config.get("checkpoint_keep_every_steps", 0) or 0)
+    latest = {(c.role, c.step): c for c in store.policies.checkpoints(job_id)}
+    steps: dict[str, list[int]] = {}
+    for role, step in latest:
+        steps.setdefault(role, []).append(step)
+    kept = {role: retained(s, keep_every_steps=every) for role, s in steps.items()}
+    return CheckpointList(job_id=job_id, checkpoints=[c for (r, s), c in latest.items() if s in kept[r]])
 
 
 @router.get(

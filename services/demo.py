@@ -138,6 +138,8 @@ def run_train(
     if spec.uses_presets():  # warm-start here, with a progress bar
         warmstart_with_progress(spec, cache_dir, console)
     env = {"MGRPO_CACHE_DIR": str(cache_dir.resolve())}
+    if job.program is not None and job.program.entry_point is not None:  # you run it, on your machine
+        env["MGRPO_ALLOWED_PROGRAMS"] = json.dumps([job.program.entry_point])
     with LocalCluster(out, redis_url=redis_url, extra_env=env, roles=spec.trainer_roles) as cluster:
         final, _, _ = run_job(cluster, job, out, console)
     if ev := final["latest_metrics"].get("eval"):
@@ -188,16 +190,18 @@ def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str 
             time.sleep(1.0)
 
 
-def progress_line(root: dict[str, float], workflow: str = "deep_research") -> str:
-    """The live line of a job: each role's mean reward (and accuracy or success), root first, the step time."""
+def progress_line(root: dict[str, float | None], workflow: str = "deep_research") -> str:
+    """The live line of a job: each role's mean reward (and accuracy or success), root first, the step
+    time (a value stored as null, not being finite, shows as nan)."""
+    value = {k: math.nan if v is None else v for k, v in root.items()}
     parts = []
     for r in get_workflow(workflow).role_names:
-        if f"{r}/reward_mean" in root:
-            extra = root.get(f"{r}/success", root.get(f"{r}/accuracy"))
+        if f"{r}/reward_mean" in value:
+            extra = value.get(f"{r}/success", value.get(f"{r}/accuracy"))
             parts.append(
-                f"{r} {root[f'{r}/reward_mean']:.2f}" + (f" (acc {extra:.2f})" if extra is not None else "")
+                f"{r} {value[f'{r}/reward_mean']:.2f}" + (f" (acc {extra:.2f})" if extra is not None else "")
             )
-    return " · ".join(parts) + f" · {root['timing/step']:.1f} s/step"
+    return " · ".join(parts) + f" · {value.get('timing/step', math.nan):.1f} s/step"
 
 
 def _rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -246,7 +250,8 @@ def plot_run(
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [2, 1]})
     steps = [r["step"] for r in rows]
     for name in curves:
-        ax.plot(steps, [r.get(name, float("nan")) for r in rows], label=name, marker=".")
+        ys = [r.get(name) for r in rows]
+        ax.plot(steps, [math.nan if y is None else y for y in ys], label=name, marker=".")
     ax.set_xlabel("step")
     ax.set_ylim(0, 1)
     ax.set_title("training rollouts (train split)")

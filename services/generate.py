@@ -10,7 +10,7 @@ from typing import Annotated, Any, Protocol, cast
 from fastapi import FastAPI, HTTPException, Path, Request, status
 from transformers import PreTrainedTokenizerBase
 
-from mgrpo.agents.openai_chat import parse_session
+from mgrpo.agents.openai_chat import ChatLimits, LimitError, check_limits, parse_session
 from mgrpo.engines.base import RolloutEngine, SamplingParams
 from services.api import ChatCompletionRequest, GenerateRequest, GenerateResponse, PolicyView
 from services.common import AuthDep, BearerDep, ReadDep, SettingsDep, bearer, check_scope
@@ -20,28 +20,13 @@ from services.settings import Settings
 def check_budget(n_prompt: int, body: GenerateRequest, settings: Settings, max_positions: int | None) -> None:
     """A generation this service takes on beside its job's rollouts (they share the engine): a prompt
     and a token budget within the caps, and within the model's context; otherwise a 422 that says
-    which limit (a 20k-character prompt once stalled a running job for 40 s)."""
-    limits = [
-        ("prompt", n_prompt, settings.max_generate_prompt_tokens, "MGRPO_MAX_GENERATE_PROMPT_TOKENS"),
-        (
-            "max_new_tokens",
-            body.max_new_tokens,
-            settings.max_generate_new_tokens,
-            "MGRPO_MAX_GENERATE_NEW_TOKENS",
-        ),
-    ]
-    for field, n, cap, env in limits:
-        if n > cap:
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT,
-                f"{field}: {n} tokens, over this service's limit of {cap} ({env})",
-            )
-    if max_positions is not None and n_prompt + body.max_new_tokens > max_positions:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            f"prompt ({n_prompt} tokens) + max_new_tokens ({body.max_new_tokens}) exceed the "
-            f"model's context of {max_positions} tokens; shorten one",
-        )
+    which limit (a 20k-character prompt once stalled a running job for 40 s). The chat routes apply
+    the same caps (`ChatLimits`)."""
+    limits = ChatLimits(settings.max_generate_prompt_tokens, settings.max_generate_new_tokens, max_positions)
+    try:
+        check_limits(n_prompt, body.max_new_tokens, limits, field="max_new_tokens")
+    except LimitError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
 
 
 def generate_with(
@@ -87,7 +72,9 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
         job = current(request)
         if job is None:
             raise HTTPException(
-                status.HTTP_409_CONFLICT, f"the {role} service is not running a job; submit one first"
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                f"the {role} service is not running a job; submit one, or retry shortly",
+                headers={"Retry-After": "1"},
             )
         positions = getattr(job.model.model.config, "max_position_embeddings", None)
         return generate_with(job.model.engine, job.model.tokenizer, body, job.version, settings, positions)
@@ -109,6 +96,56 @@ def add_policy_routes(app: FastAPI, role: str, current: Callable[[Request], _Run
     add_chat_routes(app, role, current)
 
 
+def _check_request(body: ChatCompletionRequest) -> None:
+    """What a chat completion must be before any work: not streamed, every message with a role."""
+    if body.stream:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, "stream: streaming is not served; send stream: false"
+        )
+    if not all(isinstance(m.get("role"), str) for m in body.messages):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, "messages: every message needs a string 'role'"
+        )
+
+
+def _limits(job: Any, settings: Settings) -> ChatLimits:
+    """The generation caps of this service (the settings'), and the running model's context."""
+    config = getattr(getattr(getattr(job, "model", None), "model", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    return ChatLimits(settings.max_generate_prompt_tokens, settings.max_generate_new_tokens, positions)
+
+
+def _chat_server(role: str, job: Any, session: str | None, settings: Settings, token: str | None) -> Any:
+    """The running job's chat server, once the caller may use it: a session's call (recorded as an
+    episode) needs its run's capability as the bearer token (401 without one, 403 with a wrong one);
+    any other call the admin scope. 503 while no job runs; 409 when the job serves no chat."""
+    parsed = parse_session(session) if session else None
+    if parsed is None:
+        check_scope("admin", settings, token)
+    elif not token:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "a session's call needs its run's capability as the bearer token (the API key the root gave the program)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if job is None:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"the {role} service is not running a job; retry shortly",
+            headers={"Retry-After": "1"},
+        )
+    serve = getattr(job, "chat_completion", None)
+    if serve is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"the {role} service serves chat completions while it runs an openai_agents job; this job is not one",
+        )
+    if parsed is not None:
+        step, query_id, rollout = parsed
+        job.store.capabilities.check(token, job.job_id, step, query_id, rollout)
+    return serve
+
+
 def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) -> None:
     """The OpenAI-compatible chat completions of a trainer service, on its running job."""
 
@@ -121,30 +158,15 @@ def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) 
     ) -> dict[str, Any]:
         """A session's call (recorded as an episode) needs its rollout's capability as the bearer token
         (the root hands it to the agent program as its API key); any other call the admin scope."""
-        parsed = parse_session(session) if session else None
-        if parsed is None:
-            check_scope("admin", settings, token)
         job = current(request)
-        serve = getattr(job, "chat_completion", None)
-        if parsed is not None and serve is not None:
-            step, query_id, rollout = parsed
-            job.store.capabilities.check(token, job.job_id, step, query_id, rollout)
-        if serve is None:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT,
-                f"the {role} service serves chat completions while it runs an openai_agents job; it runs none",
-            )
-        if body.stream:
-            raise HTTPException(
-                status.HTTP_400_BAD_REQUEST, "stream: streaming is not served; send stream: false"
-            )
-        if not all(isinstance(m.get("role"), str) for m in body.messages):
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT, "messages: every message needs a string 'role'"
-            )
+        serve = _chat_server(role, job, session, settings, token)
+        _check_request(body)
         limit = body.max_completion_tokens or body.max_tokens
         try:
-            return cast(dict[str, Any], serve(session, {**body.model_dump(), "max_tokens": limit}))
+            limits = _limits(job, settings)
+            return cast(dict[str, Any], serve(session, {**body.model_dump(), "max_tokens": limit}, limits))
+        except LimitError as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         except (ValueError, TypeError) as exc:  # a template that cannot render these messages, …
             raise HTTPException(
                 status.HTTP_422_UNPROCESSABLE_CONTENT, f"cannot serve this request: {exc}"

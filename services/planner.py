@@ -5,6 +5,7 @@ statistics or scored batches to Redis, update); `POST /v1/rollouts` (question-an
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Annotated, Any
 
@@ -24,6 +25,8 @@ from services.generate import add_policy_routes
 from services.settings import Settings
 from services.worker import placement_of, trainer_lifespan
 from shared_store import Store
+from shared_store.capabilities import call_scope
+from shared_store.jobs import JobWatch
 
 
 class RootRuntime:
@@ -40,27 +43,27 @@ class RootRuntime:
                 f"this service serves role {self.role!r}, but the job's root role is {job.root!r}; start it with --role {job.root}"
             )
         self.store.capabilities.issue_secret(job_id)  # signs this job's delegations and sessions
-        clients = {r: self._client(r, job, job_id) for r in job.callee_trainers}
         cls: type[RootJob] = job.workflow.load("root_job")
-        try:
-            root = cls(
-                self.store, job_id, job, callees=clients, placement=placement_of(self.settings, self.ranks)
-            )
-        except BaseException:
-            for c in clients.values():
-                c.close()
-            raise
-        self.job = root
-        try:
-            root.run()
-            return True
-        finally:
-            self.job = None
-            root.close()
-            for c in clients.values():
-                c.close()
+        with JobWatch(self.store.jobs, job_id) as watch:
+            clients = {r: self._client(r, job, job_id, watch.ended) for r in job.callee_trainers}
+            try:
+                placement = placement_of(self.settings, self.ranks, stop=watch.ended)
+                root = cls(self.store, job_id, job, callees=clients, placement=placement)
+            except BaseException:
+                for c in clients.values():
+                    c.close()
+                raise
+            self.job = root
+            try:
+                root.run()
+                return True
+            finally:
+                self.job = None
+                root.close()
+                for c in clients.values():
+                    c.close()
 
-    def _client(self, role: str, job: JobSpec, job_id: str) -> CalleeClient:
+    def _client(self, role: str, job: JobSpec, job_id: str, ended: threading.Event) -> CalleeClient:
         url = self.settings.callee_url(role)
         if url is None:
             raise ValueError(
@@ -72,8 +75,10 @@ class RootRuntime:
             self.settings.service_credential,
             timeout_s=job.cfg.partner_timeout_s,
             role=role,
-            cancelled=lambda: self.store.jobs.cancel_requested(job_id),
-            sign=lambda b: caps.sign(b["job_id"], b["step"], b["query_id"], b["rollout"]),
+            ended=ended,
+            sign=lambda b: caps.sign(
+                b["job_id"], b["step"], b["query_id"], b["rollout"], call_scope(b["call"], b["subtask"])
+            ),
         )
 
 

@@ -103,6 +103,10 @@ class Settings(BaseSettings):
         description="Where a trainer keeps its model, rolls out and trains: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU).",
     )
 
+    allowed_programs: list[str] = Field(
+        default_factory=list,
+        description='The agent programs (program.entry_point, module:function) jobs may run in the root trainer, as JSON: ["my_pkg.agent:run"]; besides those installed packages declare under the mgrpo.programs entry points. Nothing else a job names is imported.',
+    )
     public_url: str = Field(
         "",
         description="This service's URL as other processes reach it (the openai_agents root hands its own role's base URL to the agent program).",
@@ -126,6 +130,16 @@ class Settings(BaseSettings):
     )
     max_generate_new_tokens: int = Field(
         512, ge=1, description="Most new tokens one POST /v1/generate may ask for (422 beyond it)."
+    )
+    job_retention_s: float = Field(
+        14 * 24 * 3600.0,
+        gt=0,
+        description="How long a finished job's records stay in Redis (its keys expire then; a resumed job keeps them again).",
+    )
+    queue_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long a queued job waits for a trainer of each of its roles (a service that beat within 30 s) before it fails with the missing roles named.",
     )
     shutdown_grace_s: int = Field(
         1, ge=0, description="Seconds a stopping service lets in-flight requests finish after SIGTERM."

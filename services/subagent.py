@@ -19,6 +19,8 @@ from services.generate import add_policy_routes
 from services.settings import Settings
 from services.worker import placement_of, trainer_lifespan
 from shared_store import Store
+from shared_store.capabilities import call_scope
+from shared_store.jobs import JobWatch
 from subagent_trainer.job import CalleeJob
 
 
@@ -36,14 +38,16 @@ class CalleeRuntime:
                 f"this service trains role {self.role!r}, which the job's {job.flow.name} workflow does not give a trainer of its own"
             )
         cls: type[CalleeJob] = job.workflow.load("callee_job")
-        callee = cls(self.store, job_id, job, self.role, placement=placement_of(self.settings, self.ranks))
-        self.job = callee
-        try:
-            callee.run()
-            return False  # the root declares success once it sees the last step in every ledger
-        finally:
-            self.job = None
-            callee.close()
+        with JobWatch(self.store.jobs, job_id) as watch:
+            placement = placement_of(self.settings, self.ranks, stop=watch.ended)
+            callee = cls(self.store, job_id, job, self.role, placement=placement)
+            self.job = callee
+            try:
+                callee.run()
+                return False  # the root declares success once it sees the last step in every ledger
+            finally:
+                self.job = None
+                callee.close()
 
 
 JobDep = Annotated[Any, Depends(running_job)]
@@ -65,7 +69,8 @@ def run_episode(body: EpisodeRequest, job: JobDep, request: Request, response: R
             f"this service is running job {job.job_id}, not {body.job_id}; retry shortly",
             headers={"Retry-After": "1"},
         )
-    job.store.capabilities.check(body.capability, body.job_id, body.step, body.query_id, body.rollout)
+    scope = call_scope(body.call, body.subtask)  # the capability opens this one call
+    job.store.capabilities.check(body.capability, body.job_id, body.step, body.query_id, body.rollout, scope)
     meta, store_s = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
     total_ms = (time.perf_counter() - t0) * 1e3
     response.headers["Server-Timing"] = (

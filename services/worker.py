@@ -30,6 +30,7 @@ from services.settings import Settings
 from shared_store import Store, keys
 from shared_store.connection import StoreUnavailableError
 from shared_store.jobs import JobCancelled, JobConflictError
+from shared_store.presence import BEAT_EVERY_S
 from shared_store.schemas import TERMINAL, JobDispatch
 from shared_store.streams import StreamConsumer
 
@@ -50,10 +51,21 @@ class JobWorker:
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"{role}-worker", daemon=True)
+        self.beats = threading.Thread(target=self._beat, name=f"{role}-heartbeat", daemon=True)
+        self.name = consumer_name
         self.current: str | None = None
 
     def start(self) -> None:
         self.thread.start()
+        self.beats.start()
+
+    def _beat(self) -> None:
+        """Tell the store this role's trainer is up (`shared_store.presence`), until stopped."""
+        while True:
+            with contextlib.suppress(*STORE_DOWN):
+                self.store.presence.beat(self.role, self.name)
+            if self.stop.wait(BEAT_EVERY_S):
+                return
 
     @property
     def died(self) -> bool:
@@ -102,11 +114,23 @@ class JobWorker:
             os._exit(EXIT_RANK_LOST)
         except JobCancelled:
             self._finish(job_id, "cancelled", f"cancelled; the {self.role} trainer stopped")
+        except STORE_DOWN as exc:  # named as the store's fault, not as whatever call it broke
+            log.exception("job %s: the %s trainer lost the store", job_id, self.role)
+            self._finish(job_id, "failed", f"{self.role} trainer: the store (Redis) did not answer: {exc}")
         except Exception as exc:  # the job fails with a reason; the service lives on
+            if self._cancel_requested(job_id):  # it stopped because of the cancel (a build given up on)
+                self._finish(job_id, "cancelled", f"cancelled; the {self.role} trainer stopped")
+                return
             log.exception("job %s failed in the %s trainer", job_id, self.role)
             self._finish(job_id, "failed", f"{self.role} trainer: {type(exc).__name__}: {exc}")
         finally:
             self.current = None
+
+    def _cancel_requested(self, job_id: str) -> bool:
+        try:
+            return self.store.jobs.cancel_requested(job_id)
+        except STORE_DOWN:
+            return False
 
     def _finish(self, job_id: str, status: str, reason: str) -> None:
         """Record the job's end, waiting out a store outage (the reason is kept for when it returns)."""
@@ -133,7 +157,9 @@ def trainer_lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings: Settings = app.state.settings
-        store = Store.connect(settings.redis_url, wait_s=settings.redis_wait_s)
+        store = Store.connect(
+            settings.redis_url, wait_s=settings.redis_wait_s, job_retention_s=settings.job_retention_s
+        )
         app.state.store = store
         app.state.runtime = runtime = make_runtime(store)
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
@@ -146,9 +172,11 @@ def trainer_lifespan(
     return lifespan
 
 
-def placement_of(settings: Settings, ranks: RankGroup | None = None) -> Placement:
+def placement_of(
+    settings: Settings, ranks: RankGroup | None = None, *, stop: threading.Event | None = None
+) -> Placement:
     """Where this service's trainer runs its role: its settings' volumes, device and rollout servers,
-    and its group of ranks (W > 1)."""
+    its group of ranks (W > 1), and the job's end (`stop`: a warm-start build gives up on it)."""
     return Placement(
         cache_dir=settings.cache_dir,
         checkpoint_dir=settings.checkpoint_dir,
@@ -158,4 +186,6 @@ def placement_of(settings: Settings, ranks: RankGroup | None = None) -> Placemen
         public_url=settings.public_url,
         consumer_name=settings.consumer_name,
         ranks=ranks,
+        allowed_programs=tuple(settings.allowed_programs),
+        stop=stop,
     )

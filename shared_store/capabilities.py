@@ -2,11 +2,13 @@
 
     keys.delegation_secret(job)   STRING  32 random bytes, hex; SET NX by the root, read by callees
 
-The root signs each rollout it delegates from: `capability = HMAC-SHA256(secret, "<job>/<step>/
-<query>/<rollout>")`, hex. A callee service checks the capability of every `POST /v1/episodes` (and
-every recorded chat call of an `openai_agents` session) before it runs or records anything. The
-secret lives only in Redis and in the trainers' memory: an API token, even the service one, cannot
-forge a capability, and a capability of one rollout does not open another's episodes.
+The root signs each call it delegates: `capability = HMAC-SHA256(secret, "<job>/<step>/<query>/
+<rollout>/<scope>")`, hex, where the scope of a delegation is its call index and its subtask's hash
+(`call_scope`), so a capability opens that one call and no other; an `openai_agents` run's
+capability (the agent program's API key) has the empty scope and opens its run's session. A callee
+service checks the capability of every `POST /v1/episodes` (and every recorded chat call of a
+session) before it runs or records anything. The secret lives only in Redis and in the trainers'
+memory: an API token, even the service one, cannot forge a capability.
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ class CapabilityError(PermissionError):
     """A delegation without a valid capability: refused, nothing written."""
 
 
-def capability(secret: bytes, job_id: str, step: int, query_id: str, rollout: int) -> str:
-    msg = f"{job_id}/{int(step)}/{query_id}/{int(rollout)}".encode()
+def capability(secret: bytes, job_id: str, step: int, query_id: str, rollout: int, scope: str = "") -> str:
+    msg = f"{job_id}/{int(step)}/{query_id}/{int(rollout)}/{scope}".encode()
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def call_scope(call: int, subtask: str) -> str:
+    """The scope of one delegated call: its index in the rollout and its subtask (hashed)."""
+    return f"call={int(call)}/{hashlib.sha256(subtask.encode()).hexdigest()[:32]}"
 
 
 class Capabilities:
@@ -53,14 +60,17 @@ class Capabilities:
             self._secrets[job_id] = bytes.fromhex(raw.decode())
         return self._secrets[job_id]
 
-    def sign(self, job_id: str, step: int, query_id: str, rollout: int) -> str:
-        return capability(self._read(job_id), job_id, step, query_id, rollout)
+    def sign(self, job_id: str, step: int, query_id: str, rollout: int, scope: str = "") -> str:
+        return capability(self._read(job_id), job_id, step, query_id, rollout, scope)
 
-    def check(self, token: str | None, job_id: str, step: int, query_id: str, rollout: int) -> None:
-        """Raise CapabilityError unless `token` is this rollout's capability."""
-        expected = self.sign(job_id, step, query_id, rollout)
+    def check(
+        self, token: str | None, job_id: str, step: int, query_id: str, rollout: int, scope: str = ""
+    ) -> None:
+        """Raise CapabilityError unless `token` is the capability of this rollout and scope."""
+        expected = self.sign(job_id, step, query_id, rollout, scope)
         if not token or not hmac.compare_digest(token, expected):
             raise CapabilityError(
-                f"no valid capability for job {job_id}, step {step}, query {query_id}, rollout {rollout}: "
-                "episodes are written only for the delegations of the job's root trainer"
+                f"no valid capability for job {job_id}, step {step}, query {query_id}, rollout {rollout}"
+                f"{', ' + scope.split('/')[0] if scope else ''}: episodes are written only for the calls "
+                "the job's root trainer made"
             )

@@ -2,7 +2,9 @@
 
 `REDIS_URL` is the one setting (`redis://`, `rediss://`, with or without a password). Commands that
 hit a connection error are retried with exponential backoff (so a Redis restart is ridden out); when
-the server stays away, `StoreUnavailableError` names the URL, never the password.
+the server stays away, `StoreUnavailableError` names the URL, never the password. A server that is
+reachable but does not answer (paused, overloaded) is not retried: each command gives up after the
+socket timeout (3 s), so an API call answers a 503 within seconds instead of hanging.
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ def _pool(url: str, retries: int, socket_timeout_s: float) -> redis.ConnectionPo
                 socket_connect_timeout=2.0,
                 socket_timeout=socket_timeout_s,
                 health_check_interval=15,
-                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
-                retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                retry=Retry(
+                    ExponentialBackoff(cap=1.0, base=0.05), retries, supported_errors=(redis.ConnectionError,)
+                ),
+                retry_on_error=[redis.ConnectionError],
+                retry_on_timeout=False,
             )
             _pools[key] = pool
         return pool
@@ -65,7 +70,7 @@ def connect(
     *,
     wait_s: float = 30.0,
     retries: int = 12,
-    socket_timeout_s: float = 60.0,
+    socket_timeout_s: float = 3.0,
 ) -> redis.Redis:
     """A client on this process's shared pool, after Redis answered PING (waits up to `wait_s`)."""
     resolved = resolve_url(url)

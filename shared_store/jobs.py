@@ -9,15 +9,17 @@ state a job is already in is an idempotent no-op.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, cast
 
 import redis
 
 from shared_store import keys
 from shared_store._text import as_str
-from shared_store.schemas import JobDispatch, JobRecord, JobStatus, encode
+from shared_store.schemas import TERMINAL, JobDispatch, JobRecord, JobStatus, encode
 
 ALLOWED: dict[str, frozenset[str]] = {
     "queued": frozenset({"running", "cancelled", "failed"}),
@@ -27,6 +29,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cancelled": frozenset({"queued"}),
 }
 DISPATCH_MAXLEN = 10_000
+JOB_RETENTION_S = 14 * 24 * 3600.0  # a finished job's keys live this long (MGRPO_JOB_RETENTION_S)
 DISPATCH_LOCK_MS = 30_000  # a create that crashed mid-dispatch blocks a retry this long
 
 # KEYS[1] job hash; ARGV: new status, reason, now, allowed-from list (space separated)
@@ -77,8 +80,8 @@ class JobConflictError(ValueError):
 
 
 class JobRegistry:
-    def __init__(self, client: redis.Redis) -> None:
-        self.r = client
+    def __init__(self, client: redis.Redis, *, retention_s: float = JOB_RETENTION_S) -> None:
+        self.r, self.retention_s = client, retention_s
         self._transition = client.register_script(_TRANSITION)
         self._create = client.register_script(_CREATE)
         self._resume = client.register_script(_RESUME)
@@ -158,18 +161,48 @@ class JobRegistry:
             try:
                 out.append(self.get(as_str(raw_id)))
             except JobNotFoundError:
-                continue  # deleted behind the index
+                self.r.zrem(keys.jobs_index(), cast(bytes, raw_id))  # expired behind the index
+                continue
         return out, total
 
     def transition(self, job_id: str, to: JobStatus, reason: str = "") -> JobRecord:
-        """Move a job to `to` atomically. Raises JobNotFoundError or JobConflictError (illegal move)."""
+        """Move a job to `to` atomically. Raises JobNotFoundError or JobConflictError (illegal move).
+        A job that finished keeps its keys `retention_s` (`expire`)."""
         allowed_from = " ".join(s for s, nxt in ALLOWED.items() if to in nxt)
         code, cur = self._transition(keys=[keys.job(job_id)], args=[to, reason, time.time(), allowed_from])
         if code == -1:
             raise JobNotFoundError(job_id)
         if code == -2:
             raise JobConflictError(f"job {job_id!r} is {as_str(cur)}; it cannot move to {to}")
+        if to in TERMINAL:
+            self.expire(job_id, self.retention_s)
         return self.get(job_id)
+
+    def _job_keys(self, job_id: str) -> tuple[bytes, ...]:
+        return tuple(cast(Iterator[bytes], self.r.scan_iter(match=keys.job_keys(job_id), count=1000)))
+
+    def expire(self, job_id: str, ttl_s: float) -> int:
+        """Every key of the job expires within `ttl_s` (a key that expires sooner keeps its TTL: a
+        step's episodes); returns how many keys it set."""
+        found = self._job_keys(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        for k in found:
+            pipe.ttl(k)
+        ttls = pipe.execute()
+        pipe = self.r.pipeline(transaction=False)
+        todo = [k for k, t in zip(found, ttls, strict=True) if t == -1 or t > ttl_s]
+        for k in todo:
+            pipe.expire(k, int(ttl_s))
+        pipe.execute()
+        return len(todo)
+
+    def _keep(self, job_id: str) -> None:
+        """A job running again keeps its record and history (PERSIST; per-step keys keep their TTLs)."""
+        pipe = self.r.pipeline(transaction=False)
+        for k in self._job_keys(job_id):
+            if ":episodes:" not in as_str(k):
+                pipe.persist(k)
+        pipe.execute()
 
     def resume(self, job_id: str) -> JobRecord:
         """A failed or cancelled job queued again and dispatched to its roles: each trainer resumes
@@ -179,6 +212,7 @@ class JobRegistry:
             raise JobNotFoundError(job_id)
         if code == -2:
             raise JobConflictError(f"job {job_id!r} is {as_str(cur)}; only a failed or cancelled job resumes")
+        self._keep(job_id)
         record = self.get(job_id)
         self._dispatch(job_id, record.created_at, tuple(record.roles))
         return record
@@ -200,3 +234,36 @@ class JobRegistry:
 
     def cancel_requested(self, job_id: str) -> bool:
         return self.r.hget(keys.job(job_id), "cancel_requested") == b"1"
+
+
+class JobWatch:
+    """Watches one job for the trainer running it: `ended` is set within `every_s` of its cancel being
+    requested or of another service finishing it (a callee that failed it), so that a call in flight,
+    a retry or a long set-up gives up at once instead of at its own timeout. A store that does not
+    answer sets nothing (the job's own calls to it fail on their own)."""
+
+    def __init__(self, jobs: JobRegistry, job_id: str, *, every_s: float = 0.2) -> None:
+        self.jobs, self.job_id, self.every_s = jobs, job_id, every_s
+        self.ended = threading.Event()
+        self.reason = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"watch-{job_id}", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                record = self.jobs.get(self.job_id)
+            except Exception:
+                continue
+            if record.cancel_requested or record.status in TERMINAL:
+                self.reason = "cancelled" if record.cancel_requested else f"{record.status}: {record.reason}"
+                self.ended.set()
+                return
+
+    def __enter__(self) -> JobWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

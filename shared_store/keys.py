@@ -102,6 +102,11 @@ def dispatch() -> str:
     return f"{PREFIX}:dispatch"
 
 
+def trainers(role: str) -> str:
+    """ZSET of the trainer services serving `role` (their consumer names) scored by their last heartbeat."""
+    return f"{PREFIX}:trainers:{check_role(role)}"
+
+
 def dispatch_lock(job_id: str) -> str:
     """STRING held (SET NX PX) while one create call dispatches the job."""
     return f"{_job(job_id)}:dispatch_lock"
@@ -118,6 +123,11 @@ def dataset(dataset_id: str) -> str:
 
 
 # ---- one job ----------------------------------------------------------------------------------
+def job_keys(job_id: str) -> str:
+    """The SCAN pattern of every key of one job (its hash tag): what expires with the job."""
+    return f"{_job(job_id)}:*"
+
+
 def job(job_id: str) -> str:
     """HASH: the job record (status, config, reason, cancel flag, timestamps)."""
     return f"{_job(job_id)}:job"

@@ -9,10 +9,19 @@ that does not validate raises `PayloadError`; neither is ever half-read.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared_store.keys import check_role
 
@@ -206,15 +215,24 @@ class PolicyVersion(WireModel):
 
 
 class MetricsEvent(WireModel):
-    """A per-step metrics record or a job event (→ controller, SSE, metrics.jsonl)."""
+    """A per-step metrics record or a job event (→ controller, SSE, metrics.jsonl). A value that is not
+    a finite number (NaN, ±Infinity: e.g. the std of a role's advantages in a step it had no samples)
+    is stored and served as null, which every reader accepts; JSON has no NaN."""
 
     job_id: str
     step: int = Field(ge=-1)
     role: RoleName  # a workflow role, or "controller"
     kind: Literal["metrics", "event"] = "metrics"
-    values: dict[str, float] = Field(default_factory=dict)
+    values: dict[str, float | None] = Field(default_factory=dict)
     message: str = ""
     time: float = Field(default_factory=time.time)
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _finite_or_null(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
     @classmethod
     def identity(cls, data: dict[str, Any]) -> str:

@@ -11,9 +11,10 @@ from shared_store.capabilities import Capabilities
 from shared_store.connection import connect
 from shared_store.datasets import DatasetRegistry
 from shared_store.episodes import EpisodeStore
-from shared_store.jobs import JobRegistry
+from shared_store.jobs import JOB_RETENTION_S, JobRegistry
 from shared_store.ledger import StepLedger
 from shared_store.policy import PolicyRegistry, Progress
+from shared_store.presence import Presence
 from shared_store.root_steps import RootSteps
 from shared_store.schemas import LedgerEntry, PolicyVersion
 
@@ -21,6 +22,7 @@ from shared_store.schemas import LedgerEntry, PolicyVersion
 @dataclass
 class Store:
     client: redis.Redis
+    job_retention_s: float = JOB_RETENTION_S  # how long a finished job's keys stay
     jobs: JobRegistry = field(init=False)
     episodes: EpisodeStore = field(init=False)
     ledger: StepLedger = field(init=False)
@@ -30,9 +32,10 @@ class Store:
     datasets: DatasetRegistry = field(init=False)
     capabilities: Capabilities = field(init=False)
     root_steps: RootSteps = field(init=False)
+    presence: Presence = field(init=False)
 
     def __post_init__(self) -> None:
-        self.jobs = JobRegistry(self.client)
+        self.jobs = JobRegistry(self.client, retention_s=self.job_retention_s)
         self.episodes = EpisodeStore(self.client)
         self.ledger = StepLedger(self.client)
         self.policies = PolicyRegistry(self.client)
@@ -41,6 +44,7 @@ class Store:
         self.datasets = DatasetRegistry(self.client)
         self.capabilities = Capabilities(self.client)
         self.root_steps = RootSteps(self.client)
+        self.presence = Presence(self.client)
 
     def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
         """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy
@@ -60,5 +64,7 @@ class Store:
         self.progress.collect(version.job_id, keep_steps=1, roles=roles)
 
     @classmethod
-    def connect(cls, url: str | None = None, *, wait_s: float = 30.0) -> Store:
-        return cls(connect(url, wait_s=wait_s))
+    def connect(
+        cls, url: str | None = None, *, wait_s: float = 30.0, job_retention_s: float = JOB_RETENTION_S
+    ) -> Store:
+        return cls(connect(url, wait_s=wait_s), job_retention_s)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mgrpo.agents.openai_chat import ChatCall, ChatSessions, serve
+from mgrpo.agents.openai_chat import ChatCall, ChatLimits, ChatSessions, serve
 from mgrpo.records import Sample
 from mgrpo.timing import PhaseTimer
 from mgrpo.workflows.deep_research import Episode, outcome_reward
@@ -28,7 +28,9 @@ class ProgramCalleeJob(AlignedCalleeJob):
     def reward(self, episode: Episode, outcome: float) -> float:
         return outcome_reward(episode, outcome)
 
-    def chat_completion(self, session: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    def chat_completion(
+        self, session: str | None, body: dict[str, Any], limits: ChatLimits | None = None
+    ) -> dict[str, Any]:
         self.last_request_s = time.monotonic()
         spec = self.model.model_spec
         return serve(
@@ -41,6 +43,7 @@ class ProgramCalleeJob(AlignedCalleeJob):
             max_tokens=self.max_tokens,
             parser=spec.tool_parser,
             record=self.record,
+            limits=limits,
         )
 
     def record(self, step: int, query_id: str, rollout: int, n: int, call: ChatCall) -> None:

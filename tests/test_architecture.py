@@ -111,6 +111,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "mgrpo.timing",
             "mgrpo.reproducibility",
             "mgrpo.datasets",
+            "mgrpo.programs",
+            "mgrpo.retention",
             "mgrpo",  # the package itself: its version and the CPU numerics pin
         ),
     ),

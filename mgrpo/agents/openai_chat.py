@@ -79,6 +79,38 @@ def _for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class ChatLimits:
+    """The caps a service puts on every generation it serves, chat completions included: the rendered
+    prompt's tokens, the new tokens, and their sum within the model's context (`max_positions`; None:
+    unknown). Each names the setting that raises it."""
+
+    max_prompt_tokens: int = 1024
+    max_new_tokens: int = 512
+    max_positions: int | None = None
+
+
+class LimitError(ValueError):
+    """A request past one of the service's `ChatLimits` (refused before any generation)."""
+
+
+def check_limits(n_prompt: int, max_tokens: int, limits: ChatLimits, *, field: str = "max_tokens") -> None:
+    """A `LimitError` naming the limit and its setting, unless the request is within every one
+    (`field`: the request's name for its new-token budget)."""
+    caps = [
+        ("prompt", n_prompt, limits.max_prompt_tokens, "MGRPO_MAX_GENERATE_PROMPT_TOKENS"),
+        (field, max_tokens, limits.max_new_tokens, "MGRPO_MAX_GENERATE_NEW_TOKENS"),
+    ]
+    for name, n, cap, setting in caps:
+        if n > cap:
+            raise LimitError(f"{name}: {n} tokens, over this service's limit of {cap} ({setting})")
+    if limits.max_positions is not None and n_prompt + max_tokens > limits.max_positions:
+        raise LimitError(
+            f"prompt ({n_prompt} tokens) + {field} ({max_tokens}) exceed the model's context of "
+            f"{limits.max_positions} tokens; shorten one"
+        )
+
+
 def complete(
     engine: RolloutEngine,
     tokenizer: PreTrainedTokenizerBase,
@@ -88,14 +120,18 @@ def complete(
     temperature: float,
     max_tokens: int,
     parser: str = "hermes",
+    limits: ChatLimits | None = None,
 ) -> ChatCall:
-    """One assistant turn of a chat model on OpenAI-style messages."""
+    """One assistant turn of a chat model on OpenAI-style messages (within `limits`: checked on the
+    rendered prompt, before any generation)."""
     if not is_chat_model(tokenizer):
         raise ValueError("this role's model has no chat template: serve a chat model (roles.<r>.model.path)")
     msgs = _for_template(messages)
     schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
     text = tokenizer.apply_chat_template(msgs, tools=schemas, add_generation_prompt=True, tokenize=False)
     prompt = list(tokenizer.encode(str(text), add_special_tokens=False))
+    if limits is not None:
+        check_limits(len(prompt), max_tokens, limits)
     (s,) = engine.generate(
         [prompt], SamplingParams(max_tokens, temperature, stop_token_ids=(int(tokenizer.eos_token_id),))
     )
@@ -194,9 +230,11 @@ def serve(
     max_tokens: int,
     parser: str,
     record: Record,
+    limits: ChatLimits | None = None,
 ) -> dict[str, Any]:
     """One chat completion with a role's current policy (the `chat.completion` object); `record`ed as
-    an episode when it belongs to a session (`<step>.<query>.<rollout>`)."""
+    an episode when it belongs to a session (`<step>.<query>.<rollout>`). A request past `limits` is a
+    `LimitError` before any generation."""
     call = complete(
         engine,
         tokenizer,
@@ -205,6 +243,7 @@ def serve(
         temperature=body.get("temperature", 1.0),
         max_tokens=body.get("max_tokens") or max_tokens,
         parser=parser,
+        limits=limits,
     )
     parsed = parse_session(session) if session else None
     if parsed is not None and session is not None:

@@ -16,6 +16,7 @@ import fcntl
 import json
 import random
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
-from mgrpo.workflows.spec import JobSpec
+from mgrpo.workflows.spec import JobSpec, stop_check
 
 ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerFast]
 EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
@@ -423,8 +424,8 @@ class DeepResearchWarmStart:
             on_eval=on_eval,
         )
 
-    def source(self, job: JobSpec, role: str, cache_dir: Path) -> str:
-        built = self.build(self.config(job), cache_dir)
+    def source(self, job: JobSpec, role: str, cache_dir: Path, *, stop: threading.Event | None = None) -> str:
+        built = self.build(self.config(job), cache_dir, on_step=stop_check(stop))
         if self.kind == "single":
             return str(built.planner_path)
         if self.kind == "team":

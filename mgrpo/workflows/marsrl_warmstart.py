@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,7 +43,7 @@ from mgrpo.tasks.arithmetic import (
 )
 from mgrpo.workflows.deep_research_warmstart import build_once
 from mgrpo.workflows.marsrl import LocalRun, evaluate
-from mgrpo.workflows.spec import JobSpec
+from mgrpo.workflows.spec import JobSpec, stop_check
 
 EVAL_SEED = 1000
 ROLES = ("solver", "verifier", "corrector")
@@ -223,9 +224,10 @@ class MarsRLWarmStart:
     ) -> MarsWarmstart:
         return cached_warmstart(config, cache_dir, on_step=on_step)
 
-    def source(self, job: JobSpec, role: str, cache_dir: Path) -> str:
+    def source(self, job: JobSpec, role: str, cache_dir: Path, *, stop: threading.Event | None = None) -> str:
         shared = role == job.root and len(job.root_roles) > 1
-        return str(self.build(self.config(job), cache_dir).path("shared" if shared else role))
+        built = self.build(self.config(job), cache_dir, on_step=stop_check(stop))
+        return str(built.path("shared" if shared else role))
 
     def evaluated_on(self, config: MarsWarmstartConfig, n: int) -> MarsWarmstartConfig:
         return replace(config, eval_problems=n)

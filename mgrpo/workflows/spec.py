@@ -8,6 +8,7 @@ API answers it with a 422 at that location). Every rule reads the declaration; n
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,22 @@ from mgrpo.workflows.base import Workflow
 from mgrpo.workflows.table import get_workflow
 
 OnStep = Callable[[int, dict[str, float]], None]
+
+
+class BuildStopped(RuntimeError):
+    """A warm-start build given up on because its job ended (cancelled) while it ran."""
+
+
+def stop_check(stop: threading.Event | None) -> OnStep | None:
+    """An `on_step` that ends a build (`BuildStopped`) at the first step after `stop` is set."""
+    if stop is None:
+        return None
+
+    def check(step: int, _: dict[str, float]) -> None:
+        if stop.is_set():
+            raise BuildStopped(f"the warm-start build stopped at step {step}: its job ended")
+
+    return check
 
 
 class JobConfigError(ValueError):
@@ -50,7 +67,8 @@ class WarmStart(Protocol):
     `config(job)`: the warm start a job's presets name (its seed, steps, presets, …); `build(config,
     cache_dir)`: make it or reuse the cached one (`on_step` after each of its `steps(config)` SFT
     steps, `on_eval` after each of its `eval_rollouts(config)` held-out rollouts); `source(job, role,
-    cache_dir)`: the folder of the role's starting model (built first if needed)."""
+    cache_dir)`: the folder of the role's starting model (built first if needed; given up on,
+    `BuildStopped`, once `stop` is set)."""
 
     title: str  # what its progress display says it is
 
@@ -69,7 +87,9 @@ class WarmStart(Protocol):
         on_eval: Callable[[], None] | None = None,
     ) -> Built: ...
 
-    def source(self, job: JobSpec, role: str, cache_dir: Path) -> str: ...
+    def source(
+        self, job: JobSpec, role: str, cache_dir: Path, *, stop: threading.Event | None = None
+    ) -> str: ...
 
     def evaluated_on(self, config: Any, n: int) -> Any:
         """`config` with its held-out evaluation on `n` questions or problems (0 skips it)."""

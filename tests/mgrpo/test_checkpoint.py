@@ -53,3 +53,11 @@ def test_a_sharded_optimizer_state_is_written_inside_the_checkpoint(tmp_path, to
     assert opt.state and all(
         torch.equal(fresh.state[p]["exp_avg_sq"], s["exp_avg_sq"]) for p, s in opt.state.items()
     )
+
+
+def test_the_retention_rule_keeps_the_newest_and_every_nth():
+    from mgrpo.retention import retained
+
+    assert retained(range(10)) == {8, 9}
+    assert retained(range(10), keep_every_steps=5) == {4, 8, 9}  # step counts 5 and 10 (9 is newest too)
+    assert retained([3], keep=2) == {3} and retained([]) == set()

@@ -118,3 +118,19 @@ def test_epoch_sampling_covers_the_pool_once_per_epoch():
     assert taken[:10] != taken[10:20]  # each epoch in its own order
     assert epoch_sample(pool, 3, 4, seed="0:0") == epoch_sample(pool, 3, 4, seed="0:0")
     assert epoch_sample(pool, 0, 4, seed="0:1") != epoch_sample(pool, 0, 4, seed="0:0")
+
+
+def test_deeply_nested_metadata_is_a_clear_error_not_a_crash():
+    """A row whose metadata nests 5,000 levels (Python's JSON reader would recurse too deep) or just
+    past the bound is refused naming the row; the bound itself is taken."""
+    from mgrpo.datasets import MAX_METADATA_DEPTH
+
+    def row(depth):
+        return (
+            '{"query": "q", "answer": "a", "metadata": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
+        ).encode()
+
+    for depth, says in ((5000, "nests too deeply"), (MAX_METADATA_DEPTH + 1, "flatten it")):
+        with pytest.raises(DatasetError, match=f"row 1: .*{says}"):
+            parse(row(depth))
+    assert parse(row(MAX_METADATA_DEPTH))[0].metadata

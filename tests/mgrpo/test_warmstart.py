@@ -45,3 +45,20 @@ def test_default_warmstart_reaches_the_documented_band():
     assert greedy["success"] > greedy["majority_baseline"] + 0.1, greedy
     assert m["planner_first_delegation_gold"] > 0.3 and m["subagent_first_search_right_entity"] > 0.3
     assert greedy["success"] >= m["success"] - 0.1  # greedy is not worse
+
+
+def test_a_build_whose_job_ended_stops_at_its_next_step(tmp_path):
+    """A cancel during a warm-start build (minutes of SFT) stops it at its next step, not at its end;
+    nothing half-built is reused later."""
+    import threading
+
+    from mgrpo.config import JobConfig
+    from mgrpo.workflows import job_spec
+    from mgrpo.workflows.spec import BuildStopped
+
+    job = job_spec(JobConfig(n_people=60, warmstart_steps=50))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(BuildStopped, match="stopped at step 0"):
+        job.warm_start().source(job, "planner", tmp_path, stop=stop)
+    assert not [p for p in tmp_path.glob("warmstart-*") if p.is_dir() and not p.name.endswith(".partial")]

@@ -145,3 +145,43 @@ def test_a_job_must_name_a_dataset_and_splits_that_exist(api, tmp_path):
     for source in (ds, f"file://{path}"):
         ok = api.post("/v1/jobs", json={"dataset": {"source": source}, "steps": 1}, headers=H)
         assert ok.status_code == 201 and ok.json()["config"]["dataset"]["source"] == source
+
+
+def test_a_large_upload_does_not_stall_other_requests(redis_url, tmp_path):
+    """A 60 MB upload is parsed, hashed and stored off the controller's event loop: a GET timed every
+    50 ms meanwhile stays fast (it once waited 20 s). Prints the GETs' p50 and p99."""
+    import threading
+    import time
+
+    import httpx
+
+    from services.launcher import LocalCluster
+
+    row = (
+        '{"query": "Where was Person %07d born, and in which year?", "answer": "City %07d", "split": "train"}'
+    )
+    body = "\n".join(row % (i, i) for i in range(600_000)).encode()
+    assert len(body) > 60_000_000
+    with LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, roles=()) as cluster:
+        url, done, latencies = cluster.url("controller"), threading.Event(), []
+        result: dict[str, httpx.Response] = {}
+
+        def upload():
+            result["r"] = httpx.post(f"{url}/v1/datasets", content=body, headers=H, timeout=300)
+            done.set()
+
+        uploader = threading.Thread(target=upload)
+        uploader.start()
+        with httpx.Client(base_url=url, headers=H, timeout=60) as http:
+            while not done.wait(0.05):
+                t0 = time.perf_counter()
+                assert http.get("/v1/datasets").status_code == 200
+                latencies.append(time.perf_counter() - t0)
+        uploader.join()
+    assert result["r"].status_code in (200, 201), result["r"].text[:300]
+    latencies.sort()
+    p50, p99 = latencies[len(latencies) // 2], latencies[int(0.99 * (len(latencies) - 1))]
+    print(
+        f"GET /v1/datasets during a 60 MB upload: {len(latencies)} requests, p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms"
+    )
+    assert len(latencies) >= 10 and p99 < 1.0, (len(latencies), p50, p99)

@@ -26,6 +26,7 @@ from mgrpo.workflows import DEEP_RESEARCH, job_spec
 from mgrpo.workflows.deep_research_warmstart import cached_warmstart, job_task
 from services.launcher import LocalCluster
 from shared_store import Store, keys
+from shared_store.capabilities import call_scope
 from shared_store.keys import episode_id
 from shared_store.schemas import JobDispatch, PlannerStepStats, decode
 from shared_store.streams import get_step
@@ -343,8 +344,9 @@ def test_auth_validation_and_missing_jobs(cluster, store):
 
 
 def test_episode_injection_is_refused_and_writes_nothing(cluster, store):
-    """During a running job: a user's token, or the service token with another rollout's capability
-    (or none), is refused before anything runs or is recorded; the job trains on as before."""
+    """During a running job: a user's token, or the service token with the capability of another
+    rollout, call or subtask (or none), is refused before anything runs or is recorded; the job trains
+    on as before."""
     job_id = submit(cluster, {**SMALL, "steps": 3})
     url, deadline = cluster.url("subagent"), time.monotonic() + 300
     while httpx.get(f"{url}/v1/policy", headers=H, timeout=10).json()["job_id"] != job_id:
@@ -359,9 +361,14 @@ def test_episode_injection_is_refused_and_writes_nothing(cluster, store):
         "subtask": "birth city of X",
     }
     service = {"Authorization": f"Bearer {cluster.service_token}"}
+    sign = store.capabilities.sign
+    own = call_scope(0, "birth city of X")
     attempts = [
-        (H, store.capabilities.sign(job_id, 2, "forged", 0)),  # a user's token, even with a capability
-        (service, store.capabilities.sign(job_id, 2, "forged", 1)),  # another rollout's capability
+        (H, sign(job_id, 2, "forged", 0, own)),  # a user's token, even with the call's capability
+        (service, sign(job_id, 2, "forged", 1, own)),  # another rollout's capability
+        (service, sign(job_id, 2, "forged", 0, call_scope(1, "birth city of X"))),  # another call's
+        (service, sign(job_id, 2, "forged", 0, call_scope(0, "a subtask of my own"))),  # another subtask's
+        (service, sign(job_id, 2, "forged", 0)),  # the rollout's, as it was before calls had scopes
         (service, ""),
     ]
     for headers, capability in attempts:

@@ -63,6 +63,11 @@ def test_over_a_cap_is_a_fast_422_naming_the_setting(client, body, says):
     assert time.perf_counter() - t0 < 1.0  # refused before any forward pass
 
 
+def test_a_seed_beyond_the_bound_is_a_422(client):
+    r = client.post("/v1/generate", json={"prompt": "Ada", "max_new_tokens": 2, "seed": 10**30})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "seed"], r.text
+
+
 def test_prompt_and_budget_beyond_the_context_is_a_422(client):
     client.app.state.settings = Settings(
         api_token="", max_generate_prompt_tokens=10_000, max_generate_new_tokens=10_000
@@ -86,7 +91,7 @@ def chat_app(redis_url, job_id):
     job = SimpleNamespace(
         job_id=job_id,
         store=store,
-        chat_completion=lambda session, body: served.append(session) or {"object": "chat.completion"},
+        chat_completion=lambda session, body, limits: served.append(session) or {"object": "chat.completion"},
     )
     app = FastAPI()
     install_common(app, "searcher")
@@ -121,3 +126,75 @@ def test_a_session_call_needs_its_rollouts_capability(chat_app, job_id):
     assert r.status_code == 401  # outside a session a capability is no token
     r = client.post("/v1/chat/completions", json=msg, headers={"Authorization": "Bearer admin"})
     assert r.status_code == 200 and served == ["2.q7.1", None]
+
+
+@pytest.fixture(scope="module")
+def chat_served(tmp_path_factory):
+    """The chat routes over a real chat model serving completions through its real `hf` engine."""
+    from mgrpo.agents.openai_chat import ChatSessions, serve
+    from mgrpo.models import load
+    from tests.mgrpo.chat_models import chat_model_folder
+
+    model, tok = load(chat_model_folder(tmp_path_factory.mktemp("chat") / "m"))
+    engine = HFEngine(model, tok)
+    sessions = ChatSessions()
+
+    def complete(session, body, limits):
+        return serve(engine, tok, "searcher", sessions, session, body, max_tokens=8, parser="hermes",
+                     record=lambda *_: None, limits=limits)  # fmt: skip  # one call, its arguments
+
+    job = SimpleNamespace(job_id="j", chat_completion=complete, model=SimpleNamespace(model=model))
+    app = FastAPI()
+    install_common(app, "searcher")
+    add_chat_routes(app, "searcher", lambda _request: job)
+    app.state.settings = Settings(api_token="", max_generate_prompt_tokens=256, max_generate_new_tokens=32)
+    with TestClient(app) as c:
+        yield c
+    engine.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (
+            {"messages": [{"role": "user", "content": "Ada Nuth was born " * 1200}]},
+            "MGRPO_MAX_GENERATE_PROMPT_TOKENS",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8192},
+            "MGRPO_MAX_GENERATE_NEW_TOKENS",
+        ),
+    ],
+    ids=["20k-characters", "8192-new-tokens"],
+)
+def test_chat_completions_take_the_same_limits_as_generate(chat_served, body, says):
+    """A 20k-character message (once 120 s of prefill on a 1,024-token model) and a budget past the cap
+    are a 422 naming the setting before any generation; a small request is served."""
+    t0 = time.perf_counter()
+    r = chat_served.post("/v1/chat/completions", json=body)
+    assert r.status_code == 422 and says in r.json()["detail"], r.text
+    assert time.perf_counter() - t0 < 1.0
+    ok = chat_served.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    )
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 4, ok.text
+
+
+def test_the_status_codes_say_what_happened(chat_app):
+    """A session's call without a token is a 401 (it once was a 409); with no job running, generation
+    and chat are a 503 to retry (the README's promise), not a 409."""
+    client, _, served = chat_app
+    r = client.post("/v1/s/2.q7.1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 401 and "capability" in r.json()["detail"], r.text
+    idle = FastAPI()
+    install_common(idle, "planner")
+    add_policy_routes(idle, "planner", lambda _request: None)
+    idle.state.settings = Settings(api_token="")
+    with TestClient(idle) as c:
+        for path, body in (
+            ("/v1/generate", {"prompt": "Ada"}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ):
+            r = c.post(path, json=body)
+            assert r.status_code == 503 and r.headers.get("retry-after"), (path, r.text)
+    assert served == []

@@ -6,6 +6,7 @@ reward endpoint scores the answers, and all three models train."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -39,9 +40,15 @@ class ShortAnswers(RewardServer):
         return 1.0 / (1.0 + len(answer))
 
 
+PROGRAM = "examples.openai_agent.agent:run"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "MGRPO_ALLOWED_PROGRAMS": json.dumps([PROGRAM]),  # the operator allows the example program
+    }
     c = LocalCluster(tmp_path_factory.mktemp("agents"), api_token=TOKEN, roles=ROLES, extra_env=env)
     with c:
         yield c
@@ -59,7 +66,7 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
         "prompts_per_step": 2,
         "rollouts_per_query": 4,
         "subagent_slots_per_rollout": 2,
-        "program": {"entry_point": "examples.openai_agent.agent:run"},
+        "program": {"entry_point": PROGRAM},
         "reward": {"kind": "http", "url": reward.url},
         "roles": {r: {"model": {"path": str(p)}, "optim": {"lr": 1e-3}} for r, p in models.items()},
     }

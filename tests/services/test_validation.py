@@ -13,6 +13,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(300)]
 TOKEN = "edge-token"
 H = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 JOB = '{"steps": 2, "prompts_per_step": 2, "rollouts_per_query": 4, %s}'
+# an agent program job whose program is any importable callable: a shell on the trainer if it ran
+PROGRAM = (
+    '{"workflow": "openai_agents", "program": {"entry_point": "%s"}, "roles": {'
+    + ", ".join(f'"{r}": {{"model": {{"path": "/models/{r}"}}}}' for r in ("planner", "searcher", "comparer"))
+    + "}}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +71,22 @@ def api(redis_url, tmp_path_factory):
             ["body", "roles", "subagent", "model", "max_context_tokens"],
             "MGRPO_MAX_CONTEXT_TOKENS",
         ),
+        (JOB % '"seed": 1000000000000000000000000000000', ["body", "seed"], "less than or equal"),
+        (PROGRAM % "os:system", ["body", "program", "entry_point"], "MGRPO_ALLOWED_PROGRAMS"),
+        (PROGRAM % "pty:spawn", ["body", "program", "entry_point"], "not a program this cluster runs"),
     ],
-    ids=["nan", "infinity", "minus-infinity", "10MB-string", "unknown-preset", "oversized", "long-context"],
+    ids=[
+        "nan",
+        "infinity",
+        "minus-infinity",
+        "10MB-string",
+        "unknown-preset",
+        "oversized",
+        "long-context",
+        "huge-seed",
+        "os-system",
+        "pty-spawn",
+    ],
 )
 def test_a_bad_job_is_a_short_422_and_stores_nothing(api, redis_url, body, loc, says):
     before = Store.connect(redis_url).jobs.list(limit=1)[1]

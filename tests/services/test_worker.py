@@ -136,3 +136,25 @@ def test_a_trainer_that_loses_a_rank_exits_and_leaves_the_job_to_resume(store, t
     assert "lost a rank" in proc.stderr
     assert store.jobs.get("job-w").status == "running"  # not failed
     assert JobWorker(store, "subagent", "subagent-0", lambda *_: True).consumer.read(count=1, block_ms=100)
+
+
+def test_a_job_that_stops_on_its_cancel_is_cancelled_not_failed(store):
+    """A trainer that gives up on set-up because the job was cancelled (a warm-start build) raises what
+    it raises; the worker marks the job cancelled, as the user asked."""
+    store.jobs.create(JobConfig().model_dump(mode="json"), "stops", roles=("planner",))
+
+    def run(job_id, _cfg):
+        store.jobs.request_cancel(job_id)
+        raise RuntimeError("the warm-start build stopped at step 3: its job ended")
+
+    worker = JobWorker(store, "planner", "planner-0", run)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while store.jobs.get("stops").status not in TERMINAL:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        worker.stop.set()
+        worker.thread.join(5)
+    assert store.jobs.get("stops").status == "cancelled"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared_store import Store, keys
-from shared_store.capabilities import Capabilities, CapabilityError
+from shared_store.capabilities import Capabilities, CapabilityError, call_scope
 
 
 @pytest.fixture
@@ -33,11 +33,25 @@ def test_a_capability_opens_its_own_rollout_only(caps, job_id):
         (f"{job_id}-other", 3, "q1", 2),
     ]:
         caps.issue_secret(job)
-        with pytest.raises(CapabilityError, match="only for the delegations"):
+        with pytest.raises(CapabilityError, match="only for the calls"):
             caps.check(token, job, step, query, rollout)
     for bad in ("", None, token[:-1] + ("0" if token[-1] != "0" else "1")):
         with pytest.raises(CapabilityError):
             caps.check(bad, job_id, 3, "q1", 2)
+
+
+def test_a_delegations_capability_opens_its_own_call_only(caps, job_id):
+    """A delegation is signed for its call index and subtask: the same rollout's other calls, another
+    subtask, or the rollout's own unscoped capability (a session's) do not open it."""
+    caps.issue_secret(job_id)
+    own = call_scope(0, "birth city of X")
+    token = caps.sign(job_id, 3, "q1", 2, own)
+    caps.check(token, job_id, 3, "q1", 2, own)
+    for scope in (call_scope(1, "birth city of X"), call_scope(0, "birth city of Y"), ""):
+        with pytest.raises(CapabilityError, match="only for the calls"):
+            caps.check(token, job_id, 3, "q1", 2, scope)
+    with pytest.raises(CapabilityError):
+        caps.check(caps.sign(job_id, 3, "q1", 2), job_id, 3, "q1", 2, own)
 
 
 def test_no_capability_before_the_root_started_the_job(caps, job_id):

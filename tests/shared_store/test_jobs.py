@@ -3,7 +3,7 @@ import threading
 import pytest
 
 from shared_store import keys
-from shared_store.jobs import JobConflictError, JobNotFoundError
+from shared_store.jobs import JobConflictError, JobNotFoundError, JobWatch
 from shared_store.schemas import JobDispatch, decode
 
 pytestmark = pytest.mark.redis
@@ -137,3 +137,41 @@ def test_a_failed_or_cancelled_job_resumes_once_dispatched_again(store, job_id):
         store.jobs.resume(job_id)
     with pytest.raises(JobNotFoundError):
         store.jobs.resume("no-such-job")
+
+
+@pytest.mark.parametrize("how", ["cancel", "failed elsewhere"])
+def test_a_job_watch_sees_the_jobs_end(store, job_id, how):
+    """A trainer's watch on its job: set by a cancel, or by another service failing the job."""
+    store.jobs.create({}, job_id, roles=ROLES)
+    store.jobs.transition(job_id, "running")
+    with JobWatch(store.jobs, job_id, every_s=0.05) as watch:
+        assert not watch.ended.wait(0.2)  # a running job: nothing yet
+        if how == "cancel":
+            store.jobs.request_cancel(job_id)
+        else:
+            store.jobs.transition(job_id, "failed", "subagent trainer: boom")
+        assert watch.ended.wait(5), "the watch never saw the end"
+    assert watch.reason == ("cancelled" if how == "cancel" else "failed: subagent trainer: boom")
+
+
+def test_a_finished_jobs_keys_expire_with_its_retention_and_a_resumed_jobs_stay(redis_url, job_id):
+    """Every key of a finished job gets the retention as its TTL (they once stayed forever: ~10 keys,
+    45–70 KB a 10-step job); a shorter TTL (a step's episodes) is kept; a resumed job's keys stay."""
+    from shared_store import Store
+    from shared_store.schemas import MetricsEvent, PolicyVersion
+    from shared_store.streams import publish_metrics
+
+    store = Store.connect(redis_url, job_retention_s=3600)
+    store.jobs.create({"steps": 1}, job_id, roles=ROLES)
+    store.jobs.transition(job_id, "running")
+    publish_metrics(store.client, MetricsEvent(job_id=job_id, step=0, role="planner", values={"x": 1.0}))
+    store.policies.publish(PolicyVersion(job_id=job_id, role="planner", version=1, step=0, checkpoint="c"))
+    store.client.set(keys.step_episodes(job_id, 0), b"e", ex=60)
+    every = [k for k in store.client.scan_iter(match=keys.job_keys(job_id))]
+    assert len(every) >= 5
+    store.jobs.transition(job_id, "failed", "boom")
+    ttls = {k: store.client.ttl(k) for k in every}
+    assert ttls.pop(keys.step_episodes(job_id, 0).encode()) <= 60  # its own, shorter TTL kept
+    assert all(0 < t <= 3600 for t in ttls.values()), ttls
+    store.jobs.resume(job_id)
+    assert store.client.ttl(keys.job(job_id)) == -1 and store.client.ttl(keys.metrics(job_id)) == -1

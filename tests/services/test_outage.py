@@ -131,6 +131,7 @@ def test_a_store_that_does_not_answer_is_a_503_within_seconds(tmp_path):
                 took = time.monotonic() - t0
             finally:
                 os.kill(server.proc.pid, signal.SIGCONT)
+            print(f"a paused Redis: {r.status_code} after {took:.2f} s")
             assert r.status_code == 503 and "Redis" in r.text and took < 5.0, (r.status_code, took, r.text)
             assert httpx.get(f"{url}/v1/jobs/some-job", timeout=30).status_code == 404
     finally:

@@ -22,14 +22,19 @@ H = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def controller(redis_url, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reads")
-    with LocalCluster(run_dir, redis_url=redis_url, api_token=TOKEN, roles=()) as cluster:
-        yield cluster.url("controller")
+def cluster(tmp_path_factory):
+    """A controller on a Redis of its own (the jobs queued here must reach no other test's trainers)."""
+    with LocalCluster(tmp_path_factory.mktemp("reads"), api_token=TOKEN, roles=()) as cluster:
+        yield cluster
 
 
-def test_a_non_finite_metric_leaves_every_read_working(controller, redis_url):
-    store = Store.connect(redis_url)
+@pytest.fixture(scope="module")
+def controller(cluster):
+    return cluster.url("controller")
+
+
+def test_a_non_finite_metric_leaves_every_read_working(controller, cluster):
+    store = Store.connect(cluster.redis_url)
     r = httpx.post(f"{controller}/v1/jobs", json={"steps": 2}, headers=H, timeout=30)
     assert r.status_code == 201, r.text
     job_id = r.json()["job_id"]
@@ -83,13 +88,13 @@ def _lines(response: httpx.Response, n: int) -> list[str]:
     raise AssertionError(f"the stream ended after {len(out)} events")
 
 
-def test_the_checkpoint_list_shows_what_the_trainers_kept(controller, redis_url):
+def test_the_checkpoint_list_shows_what_the_trainers_kept(controller, cluster):
     """A trainer keeps its newest two checkpoints and every N-th (`checkpoint_keep_every_steps`) and
     deletes the rest: the list shows those, not every checkpoint ever recorded (80 of which 76 were
     gone, once)."""
     from shared_store.schemas import PolicyVersion
 
-    store = Store.connect(redis_url)
+    store = Store.connect(cluster.redis_url)
     r = httpx.post(
         f"{controller}/v1/jobs", json={"steps": 10, "checkpoint_keep_every_steps": 4}, headers=H, timeout=30
     )
@@ -108,16 +113,16 @@ def test_the_checkpoint_list_shows_what_the_trainers_kept(controller, redis_url)
     )
 
 
-def test_a_job_whose_roles_no_trainer_serves_fails_naming_them(redis_url, tmp_path):
+def test_a_job_whose_roles_no_trainer_serves_fails_naming_them(tmp_path):
     """A marsrl job on a cluster with no marsrl trainers once stayed queued forever with no reason:
     it is warned about at once and fails with its missing roles named after MGRPO_QUEUE_TIMEOUT_S,
     while a job whose trainers are up (their heartbeats) waits in the queue as before."""
     import threading
     import time
 
-    store = Store.connect(redis_url)
     env = {"MGRPO_QUEUE_TIMEOUT_S": "2"}
-    with LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, roles=(), extra_env=env) as cluster:
+    with LocalCluster(tmp_path, api_token=TOKEN, roles=(), extra_env=env) as cluster:  # a Redis of its own
+        store = Store.connect(cluster.redis_url)
         url, stop = cluster.url("controller"), threading.Event()
 
         def trainers_up():  # planner and sub-agent services beat, as their job workers do

@@ -34,7 +34,10 @@ from shared_store.streams import publish_metrics
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     app.state.store = store = Store.connect(
-        settings.redis_url, wait_s=settings.redis_wait_s, job_retention_s=settings.job_retention_s
+        settings.redis_url,
+        wait_s=settings.redis_wait_s,
+        job_retention_s=settings.job_retention_s,
+        retry_timeouts=False,  # a store that does not answer is a 503 within seconds
     )
     sweeper = asyncio.create_task(_sweep(store, settings.queue_timeout_s))
     yield

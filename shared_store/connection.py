@@ -2,9 +2,10 @@
 
 `REDIS_URL` is the one setting (`redis://`, `rediss://`, with or without a password). Commands that
 hit a connection error are retried with exponential backoff (so a Redis restart is ridden out); when
-the server stays away, `StoreUnavailableError` names the URL, never the password. A server that is
-reachable but does not answer (paused, overloaded) is not retried: each command gives up after the
-socket timeout (3 s), so an API call answers a 503 within seconds instead of hanging.
+the server stays away, `StoreUnavailableError` names the URL, never the password. Each command gives
+up on a server that is reachable but does not answer (paused, overloaded) after the socket timeout
+(3 s); the controller's client does not retry then (`retry_timeouts=False`: an API call answers a 503
+within seconds instead of hanging), a trainer's does, as for a restart, riding out a pause of ~30 s.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-_pools: dict[tuple[int, str], redis.ConnectionPool] = {}
+_pools: dict[tuple[int, str, bool], redis.ConnectionPool] = {}
 _lock = threading.Lock()
 
 
@@ -45,8 +46,11 @@ def resolve_url(url: str | None = None) -> str:
     return value
 
 
-def _pool(url: str, retries: int, socket_timeout_s: float) -> redis.ConnectionPool:
-    key = (os.getpid(), url)  # a forked child gets its own pool
+def _pool(url: str, retries: int, socket_timeout_s: float, retry_timeouts: bool) -> redis.ConnectionPool:
+    key = (os.getpid(), url, retry_timeouts)  # a forked child gets its own pool
+    errors: tuple[type[Exception], ...] = (redis.ConnectionError,)
+    if retry_timeouts:
+        errors += (redis.TimeoutError,)
     with _lock:
         pool = _pools.get(key)
         if pool is None:
@@ -55,11 +59,8 @@ def _pool(url: str, retries: int, socket_timeout_s: float) -> redis.ConnectionPo
                 socket_connect_timeout=2.0,
                 socket_timeout=socket_timeout_s,
                 health_check_interval=15,
-                retry=Retry(
-                    ExponentialBackoff(cap=1.0, base=0.05), retries, supported_errors=(redis.ConnectionError,)
-                ),
-                retry_on_error=[redis.ConnectionError],
-                retry_on_timeout=False,
+                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries, supported_errors=errors),
+                retry_on_error=list(errors),
             )
             _pools[key] = pool
         return pool
@@ -71,11 +72,12 @@ def connect(
     wait_s: float = 30.0,
     retries: int = 12,
     socket_timeout_s: float = 3.0,
+    retry_timeouts: bool = True,
 ) -> redis.Redis:
     """A client on this process's shared pool, after Redis answered PING (waits up to `wait_s`)."""
     resolved = resolve_url(url)
     wait_ready(resolved, wait_s)
-    return redis.Redis(connection_pool=_pool(resolved, retries, socket_timeout_s))
+    return redis.Redis(connection_pool=_pool(resolved, retries, socket_timeout_s, retry_timeouts))
 
 
 def wait_ready(url: str, wait_s: float) -> None:

@@ -65,6 +65,12 @@ class Store:
 
     @classmethod
     def connect(
-        cls, url: str | None = None, *, wait_s: float = 30.0, job_retention_s: float = JOB_RETENTION_S
+        cls,
+        url: str | None = None,
+        *,
+        wait_s: float = 30.0,
+        job_retention_s: float = JOB_RETENTION_S,
+        retry_timeouts: bool = True,
     ) -> Store:
-        return cls(connect(url, wait_s=wait_s), job_retention_s)
+        """`retry_timeouts` False: a command gives up after one socket timeout (an API's store)."""
+        return cls(connect(url, wait_s=wait_s, retry_timeouts=retry_timeouts), job_retention_s)

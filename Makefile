@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test tools lint typecheck pytest setup clean compose-test
+.PHONY: demo test tools lint typecheck pytest setup clean compose-test warmstart
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/mgrpo demo
+
+# rebuild the shipped default warm starts (mgrpo/shipped/) from scratch: after a change to their recipe
+warmstart: $(STAMP)
+	$(BIN)/mgrpo warmstart --rebuild
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -191,12 +191,20 @@ def train(
 
 
 @app.command()
-def schema() -> None:
+def schema(
+    markdown: Annotated[
+        bool, typer.Option(help="Print docs/configuration.md instead: every job field and service setting.")
+    ] = False,
+) -> None:
     """Print the job config's JSON Schema (what POST /v1/jobs and `mgrpo train -c` take)."""
     import json
 
     from mgrpo.config import JobConfig
+    from services.config_docs import configuration_markdown
 
+    if markdown:
+        print(configuration_markdown(), end="")
+        return
     print(json.dumps(JobConfig.model_json_schema(), indent=2))
 
 
@@ -219,13 +227,21 @@ def warmstart(
     eval_questions: Annotated[
         int | None, typer.Option(min=0, help="Held-out questions (problems) it is evaluated on (0 skips).")
     ] = None,
+    rebuild: Annotated[
+        bool,
+        typer.Option(
+            help="Build every shipped default warm start again from scratch and rewrite mgrpo/shipped/."
+        ),
+    ] = False,
 ) -> None:
     """Warm-start (SFT) the preset models of a workflow on demonstrations: the cache a job with these
-    settings uses, built once and reused."""
+    settings uses, built once and reused (the defaults ship with mgrpo: `--rebuild` builds those)."""
     from mgrpo.config import JobConfig
     from mgrpo.workflows import JobConfigError, job_spec
     from services.demo import warmstart_with_progress
 
+    if rebuild:
+        return _rebuild_shipped()
     _workflow(workflow)
     options = {"n_people": n_people} if n_people is not None else {}
     mode = "single_agent" if single_agent else "co_train"
@@ -241,6 +257,26 @@ def warmstart(
     console.print(f"{'cached' if built.cached else 'trained'}: {built.folder}")
     for line in ws.summary(built):
         console.print(line)
+
+
+def _rebuild_shipped() -> None:
+    from mgrpo.workflows.rebuild import rebuild
+    from services.progress import make_console
+
+    log = make_console()
+    last: dict[str, float] = {}
+
+    def on_step(name: str, step: int, losses: dict[str, float]) -> None:
+        now = time.monotonic()
+        if now - last.get(name, 0.0) >= 10:
+            last[name] = now
+            log.print(
+                f"{name} warm start: step {step + 1}  " + "  ".join(f"{k} {v:.3f}" for k, v in losses.items())
+            )
+
+    for entry in rebuild(on_step=on_step):
+        log.print(f"shipped {entry['folder']}: {len(entry['files'])} files, recipe key {entry['recipe_key']}")
+    log.print("commit mgrpo/shipped/ (its manifest names every file's sha256)")
 
 
 @app.command()

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
+
+from services.progress import make_console
 
 app = typer.Typer(
     name="mgrpo",
@@ -19,7 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = make_console()  # a log or a pipe gets whole lines: paths and tables never wrapped
 
 
 def fail(message: str) -> typer.Exit:

@@ -29,7 +29,7 @@ from mgrpo.workflows import JobSpec, get_workflow, job_spec
 from mgrpo.workflows.deep_research_warmstart import WarmstartResult, evaluate_paired, job_task
 from mgrpo.workflows.spec import Built
 from services.launcher import LocalCluster
-from services.progress import phases, step_progress
+from services.progress import PhaseClock, phases, step_progress
 
 HEADLINE = "heldout_stage2_T1"
 
@@ -55,6 +55,13 @@ def warmstart_with_progress(job: JobSpec, cache_dir: Path, console: Console, con
         if built.cached:
             show.update(steps, "cached")
     return built
+
+
+def describe_warm_start(job: JobSpec, built: Built, console: Console) -> None:
+    """Where the warm start came from and what it scored on its own held-out questions."""
+    console.print(f"warm start {'from the cache' if built.cached else 'built'}: {built.folder}")
+    for line in job.warm_start().summary(built):
+        console.print(f"  {line.strip()}")
 
 
 DEMO_EVAL_QUESTIONS = 1600  # the deep-research demo's held-out questions (module docstring)
@@ -88,14 +95,22 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     optim = {"optim": {"lr": options.lr, "ppo_epochs": options.ppo_epochs}}
     roles = {"planner": optim, "subagent": optim}
     job = job_spec(JobConfig(steps=options.steps, warmstart_steps=options.warmstart_steps, roles=roles))
-    warm = warmstart_with_progress(job, cache_dir, console)
+    clock = PhaseClock(console)
+    with clock.phase("warm start"):
+        warm = warmstart_with_progress(job, cache_dir, console)
+        describe_warm_start(job, warm, console)
     assert isinstance(warm, WarmstartResult)
     cluster = LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())})
-    console.print(
-        f"[dim]starting Redis {redis_url if redis_url else '(embedded)'} and the three services; logs in {out}/logs[/]"
-    )
-    with cluster:
-        final, rows, latest = run_job(cluster, job.cfg, out, console)
+    with clock.phase("services"):
+        console.print(
+            f"[dim]Redis {redis_url if redis_url else '(embedded)'} and the three services; logs in {out}/logs[/]"
+        )
+        cluster.start()
+    try:
+        with clock.phase("job"):
+            final, rows, latest = run_job(cluster, job.cfg, out, console)
+    finally:
+        cluster.stop()
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
     job_id = final["job_id"]
@@ -105,7 +120,7 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
         "after": (load(latest["planner"]), load(latest["subagent"])),
     }
     title = f"held-out evaluation, warm start then trained, {eval_questions} questions each"
-    with step_progress(console, title, 2 * eval_questions) as bar:
+    with clock.phase("evaluation"), step_progress(console, title, 2 * eval_questions) as bar:
         metrics, outcomes = evaluate_paired(
             task, ws, systems, n_questions=eval_questions, on_done=lambda: bar.advance("rollouts")
         )
@@ -126,6 +141,7 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints: {latest['planner']} and {latest['subagent']}"
     )
+    console.print(clock.total())
     return result
 
 

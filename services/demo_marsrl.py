@@ -28,8 +28,9 @@ from mgrpo.tasks.arithmetic import make_problems
 from mgrpo.workflows import job_spec
 from mgrpo.workflows.marsrl import ACCURACIES
 from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstart, MarsWarmstartConfig, evaluate_system
-from services.demo import DemoOptions, plot_run, run_job, warmstart_with_progress
+from services.demo import DemoOptions, describe_warm_start, plot_run, run_job, warmstart_with_progress
 from services.launcher import LocalCluster
+from services.progress import PhaseClock, step_progress
 
 EVAL_PROBLEMS = 400  # the MarsRL demo's held-out problems
 ROWS = (
@@ -83,7 +84,10 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
         marsrl_job(options.steps, options.lr, shared=shared, warmstart_steps=options.warmstart_steps)
     )
     ws = job.warm_start().config(job)
-    warm = warmstart_with_progress(job, cache_dir, console, ws)
+    clock = PhaseClock(console)
+    with clock.phase("warm start"):
+        warm = warmstart_with_progress(job, cache_dir, console, ws)
+        describe_warm_start(job, warm, console)
     assert isinstance(warm, MarsWarmstart)
     cluster = LocalCluster(
         out,
@@ -91,32 +95,38 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
         roles=job.trainer_roles,
         extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
     )
-    console.print(
-        f"[dim]starting Redis {redis_url or '(embedded)'}, the controller and the {', '.join(job.trainer_roles)} "
-        f"trainer service(s); logs in {out}/logs[/]"
-    )
-    with cluster:
-        final, rows, latest = run_job(cluster, job.cfg, out, console, title="MarsRL")
+    with clock.phase("services"):
+        console.print(
+            f"[dim]Redis {redis_url or '(embedded)'}, the controller and the {', '.join(job.trainer_roles)} "
+            f"trainer service(s); logs in {out}/logs[/]"
+        )
+        cluster.start()
+    try:
+        with clock.phase("job"):
+            final, rows, latest = run_job(cluster, job.cfg, out, console, title="MarsRL")
+    finally:
+        cluster.stop()
     if final["status"] != "succeeded":
         raise RuntimeError(f"the demo job {final['status']}: {final['reason']}")
     job_id = final["job_id"]
-    console.print(
-        f"[dim]evaluating the warm start and the trained models with the V–C loop on the same {eval_problems} held-out problems …[/]"
-    )
     problems = make_problems("heldout", eval_problems, seed=1000 + ws.seed, n_ops=ws.n_ops)
     outcomes: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
-    if shared:
-        before = evaluate_system(
-            problems, dict.fromkeys(ROLES, load(warm.path("shared"))), outcomes=outcomes["before"]
+    systems = {
+        "before": dict.fromkeys(ROLES, load(warm.path("shared")))
+        if shared
+        else {r: load(warm.path(r)) for r in ROLES},
+        "after": dict.fromkeys(ROLES, load(latest["solver"]))
+        if shared
+        else {r: load(latest[r]) for r in ROLES},
+    }
+    title = f"held-out V–C evaluation, warm start then trained, {eval_problems} problems each"
+    with clock.phase("evaluation"), step_progress(console, title, 2 * eval_problems) as bar:
+        before, after = (
+            evaluate_system(
+                problems, systems[s], outcomes=outcomes[s], on_done=lambda: bar.advance("problems")
+            )
+            for s in ("before", "after")
         )
-        after = evaluate_system(
-            problems, dict.fromkeys(ROLES, load(latest["solver"])), outcomes=outcomes["after"]
-        )
-    else:
-        before = evaluate_system(
-            problems, {r: load(warm.path(r)) for r in ROLES}, outcomes=outcomes["before"]
-        )
-        after = evaluate_system(problems, {r: load(latest[r]) for r in ROLES}, outcomes=outcomes["after"])
     majority = majority_baseline(ws, eval_problems)
     gains = {name: paired_gain(outcomes["before"][name], outcomes["after"][name]) for name in ACCURACIES}
     result = {
@@ -139,6 +149,7 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints in {out}/checkpoints"
     )
+    console.print(clock.total())
     return result
 
 

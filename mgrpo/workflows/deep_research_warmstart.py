@@ -36,6 +36,7 @@ from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
+from mgrpo.workflows import shipped
 from mgrpo.workflows.spec import JobSpec, stop_check
 
 ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerFast]
@@ -265,13 +266,18 @@ def cached_warmstart(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     on_eval: Callable[[], None] | None = None,
 ) -> WarmstartResult:
-    """Reuse `cache_dir/<kind>-<config key>` when it holds a finished warm start, else run and store one.
+    """The shipped warm start of this config when there is one (`mgrpo.workflows.shipped`), else
+    reuse `cache_dir/<kind>-<config key>` when it holds a finished one, else run and store one.
     Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer)."""
     kind = "single" if single_agent else "team" if team else "warmstart"
-    folder = cache_dir / f"{kind}-{cfg.key()}"
     names = {"single": ("single", "single"), "team": ("planner", "searcher")}.get(
         kind, ("planner", "subagent")
     )
+    found = shipped.find(kind, asdict(cfg), cfg.presets())
+    if found is not None:
+        metrics = json.loads((found / "eval.json").read_text())
+        return WarmstartResult(found, found / names[0], found / names[1], metrics, cached=True)
+    folder = cache_dir / f"{kind}-{cfg.key()}"
 
     def build(tmp: Path) -> dict[str, Any]:
         if team:

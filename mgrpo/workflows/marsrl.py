@@ -251,12 +251,20 @@ def evaluate(
     *,
     concurrency: int = 64,
     outcomes: dict[str, list[float]] | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """`vc_metrics` over held-out problems, with standard errors of the two accuracies; each problem's
     solver-alone and V–C-system outcome (1 or 0, in `problems`' order) into `outcomes` when given,
-    for paired comparisons of two evaluations."""
+    for paired comparisons of two evaluations; `on_done()` after each problem (a progress bar)."""
+
+    def one(p: Problem) -> VCResult:
+        result = vc_loop(p, run)
+        if on_done is not None:
+            on_done()
+        return result
+
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(problems)))) as pool:
-        results = list(pool.map(lambda p: vc_loop(p, run), problems))
+        results = list(pool.map(one, problems))
     if outcomes is not None:
         outcomes["solver_accuracy"] = [float(r.solver_correct) for r in results]
         outcomes["system_accuracy"] = [float(r.system_correct) for r in results]

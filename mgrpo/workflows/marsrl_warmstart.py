@@ -41,6 +41,7 @@ from mgrpo.tasks.arithmetic import (
     verification_turn,
     verifier_prompt,
 )
+from mgrpo.workflows import shipped
 from mgrpo.workflows.deep_research_warmstart import build_once
 from mgrpo.workflows.marsrl import LocalRun, evaluate
 from mgrpo.workflows.spec import JobSpec, stop_check
@@ -162,14 +163,17 @@ def evaluate_system(
     models: dict[str, tuple[PreTrainedModel, PreTrainedTokenizerFast]],
     temperature: float = 1.0,
     outcomes: dict[str, list[float]] | None = None,
+    on_done: Callable[[], None] | None = None,
 ) -> dict[str, float]:
+    """The V–C loop of these models on held-out problems (`mgrpo.workflows.marsrl.evaluate`;
+    `on_done` after each problem)."""
     engines: dict[int, HFEngine] = {}
     agents = {}
     for role, (model, tok) in models.items():
         engine = engines.setdefault(id(model), HFEngine(model, tok))
         agents[role] = TurnAgent(engine, tok, temperature=temperature)
     try:
-        return evaluate(problems, LocalRun(agents, seed=EVAL_SEED), outcomes=outcomes)
+        return evaluate(problems, LocalRun(agents, seed=EVAL_SEED), outcomes=outcomes, on_done=on_done)
     finally:
         for e in engines.values():
             e.close()
@@ -181,7 +185,11 @@ def cached_warmstart(
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> MarsWarmstart:
-    """Reuse `cache_dir/marsrl-<key>` when it holds a finished warm start, else run and store one."""
+    """The shipped warm start of this config when there is one (`mgrpo.workflows.shipped`), else reuse
+    `cache_dir/marsrl-<key>` when it holds a finished one, else run and store one."""
+    found = shipped.find("marsrl", asdict(cfg), cfg.presets())
+    if found is not None:
+        return MarsWarmstart(found, json.loads((found / "eval.json").read_text()), cached=True)
     folder = cache_dir / f"marsrl-{cfg.key()}"
     metrics, cached = build_once(folder, lambda tmp: run_warmstart(cfg, tmp, on_step=on_step).metrics)
     return MarsWarmstart(folder, metrics, cached=cached)

@@ -72,6 +72,19 @@ def test_demo_end_to_end_with_embedded_redis(tmp_path):
         out / "redis" / "appendonlydir"
     ).exists()  # embedded
     assert "held-out" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert_phases(proc.stdout)
+
+
+def assert_phases(stdout: str) -> None:
+    """A demo names each phase as it starts and ends with its time, the warm start's own held-out
+    results, and the total with each phase's share; a log gets whole lines (no path cut mid-way)."""
+    for phase in ("warm start", "services", "job", "evaluation"):
+        assert f"▶ {phase}" in stdout and f"✓ {phase} in " in stdout, phase
+    assert "warm start from the cache: " in stdout or "warm start built: " in stdout
+    total = next(line for line in stdout.splitlines() if line.startswith("total "))
+    assert all(p in total for p in ("warm start", "services", "job", "evaluation")), total
+    wrote = next(line for line in stdout.splitlines() if line.startswith("wrote "))
+    assert wrote.rstrip().endswith(("step-000000", "checkpoints")), wrote  # the whole path on one line
 
 
 @pytest.mark.e2e
@@ -128,6 +141,8 @@ def test_marsrl_demo_end_to_end(tmp_path):
     assert "MarsRL warm start 150/150" in proc.stdout
     job_line = next(line for line in proc.stdout.splitlines() if line.startswith("MarsRL job-"))
     assert " 1/1 " in job_line and "solver" in job_line and "verifier" in job_line and "s/step" in job_line
+    assert "held-out V–C evaluation, warm start then trained, 20 problems each 40/40" in proc.stdout
+    assert_phases(proc.stdout)
 
 
 def test_warmstart_progress_lines_in_a_log(tmp_path):
@@ -379,7 +394,7 @@ def example_tool_server():
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_train_the_example_job_with_its_tool_server(tmp_path, example_tool_server):
-    """README "Train your own agents": the example tool endpoint answers as the built-in tools do
+    """docs/guide.md "Train your own agents": the example tool endpoint answers as the built-in tools do
     over the same documents, and `mgrpo train -c examples/tools-job.yaml` from the repository root
     (its relative file:// dataset, the sub-agent's search and open through that endpoint), cut to
     one step and 4 held-out rows, trains with every tool call served."""

@@ -1,0 +1,45 @@
+"""`make warmstart` (`mgrpo warmstart --rebuild`): build the built-in workflows' default warm starts
+from scratch and ship them (`mgrpo.workflows.shipped`): deep research's planner and sub-agent, the
+team variant on top of them, and MarsRL's roles with their shared model."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mgrpo.workflows import shipped
+from mgrpo.workflows.deep_research_warmstart import (
+    WarmstartConfig,
+    WarmstartResult,
+    run_team_warmstart,
+    run_warmstart,
+)
+from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
+from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
+
+OnStep = Callable[[str, int, dict[str, float]], None]  # (which warm start, step, losses)
+
+
+def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list[dict[str, Any]]:
+    """Build and ship every default warm start; returns their manifest entries."""
+
+    def step_of(name: str) -> Callable[[int, dict[str, float]], None] | None:
+        return None if on_step is None else lambda s, m: on_step(name, s, m)
+
+    entries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = WarmstartConfig()
+        pair = run_warmstart(cfg, Path(tmp) / "pair", on_step=step_of("deep research"))
+        entries.append(shipped.ship("warmstart", asdict(cfg), cfg.presets(), pair.folder, root))
+        base = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
+        assert base is not None
+        base_result = WarmstartResult(base, base / "planner", base / "subagent", pair.metrics, cached=True)
+        team = run_team_warmstart(cfg, Path(tmp) / "team", base_result, on_step=step_of("team"))
+        entries.append(shipped.ship("team", asdict(cfg), cfg.presets(), team.folder, root))
+        mars = MarsWarmstartConfig()
+        built = run_marsrl_warmstart(mars, Path(tmp) / "marsrl", on_step=step_of("MarsRL"))
+        entries.append(shipped.ship("marsrl", asdict(mars), mars.presets(), built.folder, root))
+    return entries

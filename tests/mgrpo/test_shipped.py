@@ -1,0 +1,78 @@
+"""Shipped warm starts (`mgrpo.workflows.shipped`): every built-in default is shipped and its files
+match the manifest's sha256; a demo or a test gets them instead of building; a changed recipe, or a
+changed file, is a clear error naming the command that rebuilds them, never a silent rebuild."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict
+
+import pytest
+
+from mgrpo.config import JobConfig
+from mgrpo.reproducibility import RECIPE_VERSIONS
+from mgrpo.workflows import job_spec, shipped
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warmstart
+from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
+
+DEFAULTS = [
+    ("warmstart", asdict(WarmstartConfig()), WarmstartConfig().presets()),
+    ("team", asdict(WarmstartConfig()), WarmstartConfig().presets()),
+    ("marsrl", asdict(MarsWarmstartConfig()), MarsWarmstartConfig().presets()),
+]
+
+
+@pytest.mark.parametrize(("kind", "config", "presets"), DEFAULTS, ids=[k for k, _, _ in DEFAULTS])
+def test_every_default_warm_start_is_shipped_and_matches_its_manifest(kind, config, presets):
+    folder = shipped.find(kind, config, presets)
+    assert folder is not None and (folder / "eval.json").exists()
+    entry = next(e for e in shipped.manifest()["warm_starts"] if e["folder"] == folder.name)
+    assert shipped.file_digests(folder) == entry["files"]  # every file, its sha256
+    assert entry["built"]["command"] == shipped.REBUILD and entry["built"]["code"]
+
+
+def test_the_jobs_and_the_demo_start_from_the_shipped_bytes(tmp_path):
+    """The default job's warm start is the shipped one: nothing is built into the cache."""
+    for config in ({}, {"workflow": "marsrl"}, {"workflow": "deep_research_team"}):
+        job = job_spec(JobConfig.model_validate(config))
+        built = job.warm_start().build(job.warmstart_config(), tmp_path)
+        assert built.cached and built.folder.parent == shipped.SHIPPED, config
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_changed_recipe_is_an_error_naming_the_rebuild(monkeypatch, tmp_path):
+    """A generator's version bumped (its code changed) without rebuilding the shipped files: the demo
+    and the tests stop with the command to run, instead of building for minutes or starting elsewhere."""
+    monkeypatch.setitem(RECIPE_VERSIONS, "demos", RECIPE_VERSIONS["demos"] + 1)
+    with pytest.raises(shipped.StaleShippedError, match="make warmstart"):
+        cached_warmstart(WarmstartConfig(), tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing was built
+    other = WarmstartConfig(n_people=60, steps=1, batch_size=4, eval_questions=0)
+    assert cached_warmstart(other, tmp_path).folder.exists()  # another config builds as before
+
+
+def test_a_changed_file_is_an_error_naming_the_rebuild(tmp_path):
+    root = tmp_path / "shipped"
+    shutil.copytree(shipped.SHIPPED, root)
+    kind, config, presets = DEFAULTS[0]
+    folder = shipped.find(kind, config, presets, root)
+    assert folder is not None
+    weights = folder / "planner" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    shipped._verified.cache_clear()
+    with pytest.raises(shipped.StaleShippedError, match=r"planner/model\.safetensors.*make warmstart"):
+        shipped.find(kind, config, presets, root)
+
+
+def test_ship_records_a_built_folder_that_find_then_returns(tmp_path):
+    built = tmp_path / "built"
+    (built / "planner").mkdir(parents=True)
+    (built / "planner" / "model.safetensors").write_bytes(b"weights")
+    (built / "eval.json").write_text("{}")
+    config, presets = {"seed": 7}, {"tiny": {}}
+    entry = shipped.ship("toy", config, presets, built, tmp_path / "root")
+    assert entry["files"] == shipped.file_digests(tmp_path / "root" / entry["folder"])
+    assert shipped.find("toy", config, presets, tmp_path / "root") == tmp_path / "root" / entry["folder"]
+    assert shipped.find("toy", {"seed": 8}, presets, tmp_path / "root") is None

@@ -245,6 +245,7 @@ def make_app(
             "model_path": model_path,
             "weight_version": str(engine.weights_version),
             "max_batch": engine.max_batch,
+            "forward_passes": engine.forward_passes,  # grows while rows decode (a test waits on it)
         }
 
     app.post("/generate")(server.generate)

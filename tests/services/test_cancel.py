@@ -17,6 +17,7 @@ from mgrpo.config import JobConfig
 from mgrpo.workflows import job_spec
 from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -38,13 +39,6 @@ def connections_to(port: int) -> int:
 
 def status(url: str, job_id: str) -> str:
     return str(httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json()["status"])
-
-
-def wait_for(check, what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
 
 
 def test_a_cancel_mid_delegation_to_a_stopped_partner_ends_the_job_within_two_seconds(tmp_path):

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -22,6 +23,7 @@ from services.engine_server import DistributedUpdate, EngineServer, make_app
 from shared_store.embedded import free_port
 from tests.mgrpo.sglang_standin import StandIn
 from tests.mgrpo.test_engine_sglang import ROOT, assert_logprobs, wait_until_up
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -144,17 +146,23 @@ def test_a_push_swaps_weights_between_steps_without_waiting_for_running_rows(tin
         per_tensor.close()
         eng = SGLangEngine(url, weight_sync="distributed", sync_host="127.0.0.1", weight_bucket_mb=0.1)
         prompt = tokenizer.encode("Kir Naibram was", add_special_tokens=False)
+        trained = build_model("tiny", tokenizer, seed=9)
         long: list = []
+        ended = threading.Event()
         runner = threading.Thread(
-            target=lambda: long.extend(  # 32 rows: some run to 400 tokens (no EOS)
-                eng.generate([prompt] * 32, SamplingParams(max_new_tokens=400))
+            target=lambda: (  # 64 rows: some run to 400 tokens (no EOS)
+                long.extend(eng.generate([prompt] * 64, SamplingParams(max_new_tokens=400))),
+                ended.set(),
             )
         )
+        before = httpx.get(f"{url}/get_server_info").json()["forward_passes"]
         runner.start()
-        time.sleep(0.5)  # the long row is decoding
-        trained = build_model("tiny", tokenizer, seed=9)
+        decoding = lambda: httpx.get(f"{url}/get_server_info").json()["forward_passes"] > before + 1  # noqa: E731
+        wait_for(decoding, what="the long rollout decoding")
+        t0 = time.perf_counter()
         eng.push_weights(trained, 2)  # in 0.1 MB buckets: 1.7 MB of weights, a broadcast and a call each
-        assert runner.is_alive(), "the push waited for the running rollout"
+        pushed = time.perf_counter() - t0
+        assert not ended.is_set(), f"the push ({pushed:.2f} s) returned only after the running rollout ended"
         (short,) = eng.generate([prompt], SamplingParams(max_new_tokens=4, seed=4))
         assert short.weights_version == 2
         assert_logprobs(trained, [prompt], [short])

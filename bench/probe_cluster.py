@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from shared_store import keys
 from shared_store.embedded import RedisServer
 
 TOKEN = "probe-token"
@@ -146,10 +147,10 @@ def probe_store(api: httpx.Client, redis_pid: int) -> None:
 
 
 def probe_expiry(r: redis.Redis) -> None:
-    keys = list(r.scan_iter("mgrpo:v1:{*", count=1000))
-    ttl = [r.ttl(k) for k in keys]
-    forever = [k.decode() for k, t in zip(keys, ttl, strict=True) if t == -1]
-    probe("job keys expire", not forever, f"{len(keys)} keys, {len(forever)} without expiry {forever[:3]}")
+    found = list(r.scan_iter(keys.every_job_key(), count=1000))
+    ttl = [r.ttl(k) for k in found]
+    forever = [k.decode() for k, t in zip(found, ttl, strict=True) if t == -1]
+    probe("job keys expire", not forever, f"{len(found)} keys, {len(forever)} without expiry {forever[:3]}")
 
 
 class Cluster:

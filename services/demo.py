@@ -27,6 +27,7 @@ from mgrpo.evaluation import PairedGain, paired_gain
 from mgrpo.models import load
 from mgrpo.workflows import JobSpec, get_workflow, job_spec
 from mgrpo.workflows.deep_research_warmstart import WarmstartResult, evaluate_paired, job_task
+from mgrpo.workflows.shipped import provenance
 from mgrpo.workflows.spec import Built
 from services.launcher import LocalCluster
 from services.progress import PhaseClock, phases, step_progress
@@ -53,13 +54,17 @@ def warmstart_with_progress(job: JobSpec, cache_dir: Path, console: Console, con
 
         built = ws.build(config, cache_dir, on_step=on_step, on_eval=on_eval)
         if built.cached:
-            show.update(steps, "cached")
+            show.update(steps, "shipped" if provenance(built.folder) else "cached")
     return built
 
 
 def describe_warm_start(job: JobSpec, built: Built, console: Console) -> None:
     """Where the warm start came from and what it scored on its own held-out questions."""
-    console.print(f"warm start {'from the cache' if built.cached else 'built'}: {built.folder}")
+    origin = provenance(built.folder)
+    if origin is not None:
+        console.print(f"shipped warm start: {built.folder}\n  {origin}")
+    else:
+        console.print(f"warm start {'from the cache' if built.cached else 'built'}: {built.folder}")
     for line in job.warm_start().summary(built):
         console.print(f"  {line.strip()}")
 

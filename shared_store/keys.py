@@ -117,6 +117,11 @@ def datasets_index() -> str:
     return f"{PREFIX}:datasets"
 
 
+def every_job_key() -> str:
+    """The SCAN pattern of every job's keys, all jobs together (what retention must expire)."""
+    return f"{PREFIX}:{{*"
+
+
 def dataset(dataset_id: str) -> str:
     """STRING: one dataset's canonical JSONL, zlib-compressed (content-addressed: never rewritten)."""
     return f"{PREFIX}:dataset:{check_id('dataset id', dataset_id)}"

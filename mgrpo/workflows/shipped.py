@@ -90,6 +90,25 @@ def find(kind: str, config: dict[str, Any], presets: dict[str, Any], root: Path 
     return None
 
 
+def fingerprint(files: dict[str, str]) -> str:
+    """One sha256 over a folder's `sha256  name` lines (what `sha256sum` prints, sorted by name): the
+    same on every machine that holds the same bytes."""
+    lines = "".join(f"{sha}  {name}\n" for name, sha in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def provenance(folder: Path, root: Path = SHIPPED) -> str | None:
+    """How a shipped folder was made and its fingerprint, in one line; None for a folder not shipped."""
+    for entry in manifest(root)["warm_starts"]:
+        if (root / entry["folder"]).resolve() == Path(folder).resolve():
+            b = entry["built"]
+            return (
+                f"sha256 {fingerprint(entry['files'])[:16]} (all {len(entry['files'])} files; "
+                f"built {b['date']} on {b['processor']} at {b['code']} by make warmstart)"
+            )
+    return None
+
+
 def ship(
     kind: str, config: dict[str, Any], presets: dict[str, Any], built: Path, root: Path = SHIPPED
 ) -> dict[str, Any]:

@@ -76,3 +76,27 @@ def test_ship_records_a_built_folder_that_find_then_returns(tmp_path):
     assert entry["files"] == shipped.file_digests(tmp_path / "root" / entry["folder"])
     assert shipped.find("toy", config, presets, tmp_path / "root") == tmp_path / "root" / entry["folder"]
     assert shipped.find("toy", {"seed": 8}, presets, tmp_path / "root") is None
+
+
+def test_the_fingerprint_is_what_sha256sum_prints_over_the_folder(tmp_path):
+    """The README's check, `find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum`, in the
+    folder gives the fingerprint the demo prints (a reordered or a changed file would change it)."""
+    import hashlib
+    import subprocess
+
+    (tmp_path / "b").mkdir()
+    for name, text in (("z.json", "{}"), ("b/model.safetensors", "weights"), ("A.txt", "x")):
+        (tmp_path / name).write_text(text)
+    out = subprocess.run(
+        "find . -type f | sed 's#^\\./##' | LC_ALL=C sort | xargs sha256sum | sha256sum",
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    files = shipped.file_digests(tmp_path)
+    assert shipped.fingerprint(files) == out
+    assert files["b/model.safetensors"] == hashlib.sha256(b"weights").hexdigest()
+    line = shipped.provenance(shipped.SHIPPED / shipped.manifest()["warm_starts"][0]["folder"])
+    assert line is not None and line.startswith("sha256 ") and shipped.provenance(tmp_path) is None

@@ -295,7 +295,14 @@ def workflows() -> None:
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(min=1, max=10_000, help="M-GRPO steps.")] = 20,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=10_000,
+            help="Training steps (default: the workflow demo's: 30 for deep research, 20 for MarsRL).",
+        ),
+    ] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run folder (default runs/demo-<time>).")] = None,
     redis_url: Annotated[
         str | None, typer.Option(envvar="REDIS_URL", help="Redis to use; embedded if unset.")

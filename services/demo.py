@@ -1,8 +1,9 @@
 """`mgrpo demo`: the whole system on one machine, start to finish.
 
-1. warm start (cached; trained once, about 8 minutes on 2 cores) and its held-out evaluation;
+1. warm start: shipped in `mgrpo/shipped/` (checked by sha256; `mgrpo warmstart --rebuild` rebuilds it,
+   about 8 minutes on 2 cores);
 2. a local cluster: embedded Redis (unless REDIS_URL) and the three services as separate processes;
-3. one `co_train` job submitted over REST, followed live (step, reward per role, timings);
+3. one `co_train` job (30 steps) submitted over REST, followed live (step, reward per role, timings);
 4. the warm start and the final checkpoints evaluated side by side on the same held-out stage-2
    questions with the same seeded draws, printed with the gain's paired standard error next to the
    baselines. 1,600 questions by default: the paired standard error near 0.011, where 400 gave 0.022
@@ -70,14 +71,15 @@ def describe_warm_start(job: JobSpec, built: Built, console: Console) -> None:
 
 
 DEMO_EVAL_QUESTIONS = 1600  # the deep-research demo's held-out questions (module docstring)
+DEMO_STEPS = 30  # its co_train steps: where the gain clears +0.08 and 6 paired SE (docs/results.md)
 
 
 @dataclass(frozen=True)
 class DemoOptions:
     """What `mgrpo demo` takes; every workflow's demo (`Workflow.demo`) reads the options it uses.
-    `eval_questions` None: the demo's own default."""
+    `steps` and `eval_questions` None: the demo's own defaults."""
 
-    steps: int = 20
+    steps: int | None = None
     redis_url: str | None = None
     cache_dir: Path = Path(".cache/mgrpo")
     lr: float = 1e-4
@@ -92,6 +94,11 @@ def eval_count(options: DemoOptions) -> int:
     return options.eval_questions or DEMO_EVAL_QUESTIONS
 
 
+def step_count(options: DemoOptions) -> int:
+    """The co_train steps of this demo's job: the option, else its default."""
+    return options.steps or DEMO_STEPS
+
+
 def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any]:
     """The deep-research demo (module docstring)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +106,7 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     eval_questions = eval_count(options)
     optim = {"optim": {"lr": options.lr, "ppo_epochs": options.ppo_epochs}}
     roles = {"planner": optim, "subagent": optim}
-    job = job_spec(JobConfig(steps=options.steps, warmstart_steps=options.warmstart_steps, roles=roles))
+    job = job_spec(JobConfig(steps=step_count(options), warmstart_steps=options.warmstart_steps, roles=roles))
     clock = PhaseClock(console)
     with clock.phase("warm start"):
         warm = warmstart_with_progress(job, cache_dir, console)

@@ -33,6 +33,7 @@ from services.launcher import LocalCluster
 from services.progress import PhaseClock, step_progress
 
 EVAL_PROBLEMS = 400  # the MarsRL demo's held-out problems
+DEMO_STEPS = 20  # its marsrl steps
 ROWS = (
     "solver_accuracy",
     "system_accuracy",
@@ -81,7 +82,9 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
     redis_url, cache_dir, shared = options.redis_url, options.cache_dir, options.shared
     eval_problems = eval_count(options)
     job = job_spec(
-        marsrl_job(options.steps, options.lr, shared=shared, warmstart_steps=options.warmstart_steps)
+        marsrl_job(
+            options.steps or DEMO_STEPS, options.lr, shared=shared, warmstart_steps=options.warmstart_steps
+        )
     )
     ws = job.warm_start().config(job)
     clock = PhaseClock(console)

@@ -324,6 +324,12 @@ def demo(
         int | None,
         typer.Option(min=1, max=100_000, help="SFT steps of the warm start (default: the workflow's)."),
     ] = None,
+    fresh_baseline: Annotated[
+        bool,
+        typer.Option(
+            help="Deep research: evaluate the warm start here too, instead of reading its shipped held-out outcomes (about a minute)."
+        ),
+    ] = False,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the services as separate
     processes, one job over REST with live progress, then held-out results before/after."""
@@ -336,7 +342,7 @@ def demo(
         raise fail(f"--shared: the {wf.name} workflow trains each role with a model of its own")
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     options = DemoOptions(
-        steps, redis_url, cache_dir, lr, ppo_epochs, eval_questions, shared, warmstart_steps
+        steps, redis_url, cache_dir, lr, ppo_epochs, eval_questions, shared, warmstart_steps, fresh_baseline
     )
     try:
         wf.load("demo")(out, options, console)

@@ -1,6 +1,7 @@
 """`make warmstart` (`mgrpo warmstart --rebuild`): build the built-in workflows' default warm starts
 from scratch and ship them (`mgrpo.workflows.shipped`): deep research's planner and sub-agent, the
-team variant on top of them, and MarsRL's roles with their shared model."""
+team variant on top of them, and MarsRL's roles with their shared model; and the deep-research demo's baseline (the warm start's
+held-out outcomes, `shipped.baseline`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mgrpo.config import JobConfig
 from mgrpo.workflows import shipped
 from mgrpo.workflows.deep_research_warmstart import (
+    DEMO_EVAL_QUESTIONS,
     WarmstartConfig,
     WarmstartResult,
+    baseline_key,
+    evaluate_heldout,
+    job_task,
     run_team_warmstart,
     run_warmstart,
 )
@@ -21,6 +27,18 @@ from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
 
 OnStep = Callable[[str, int, dict[str, float]], None]  # (which warm start, step, losses)
+
+
+def ship_baselines(warm: WarmstartResult, root: Path = shipped.SHIPPED) -> dict[str, Any]:
+    """The deep-research demo's baseline: the shipped warm start on the demo's held-out evaluation."""
+    cfg, task = WarmstartConfig(), job_task(JobConfig())
+    key = baseline_key(task, cfg, DEMO_EVAL_QUESTIONS)
+    return shipped.ship_baseline(
+        warm.folder,
+        key,
+        evaluate_heldout(task, cfg, (warm.planner_path, warm.subagent_path), DEMO_EVAL_QUESTIONS),
+        root,
+    )
 
 
 def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list[dict[str, Any]]:
@@ -37,6 +55,7 @@ def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list
         base = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
         assert base is not None
         base_result = WarmstartResult(base, base / "planner", base / "subagent", pair.metrics, cached=True)
+        ship_baselines(base_result, root)
         team = run_team_warmstart(cfg, Path(tmp) / "team", base_result, on_step=step_of("team"))
         entries.append(shipped.ship("team", asdict(cfg), cfg.presets(), team.folder, root))
         mars = MarsWarmstartConfig()

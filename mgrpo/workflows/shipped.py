@@ -15,6 +15,12 @@ is shipped for this config but by another recipe (a generator's code changed, it
 or its files do not match the manifest, it raises `StaleShippedError` saying to rebuild with
 `make warmstart` (`mgrpo warmstart --rebuild`), which builds them again and rewrites the manifest:
 never a silent rebuild of minutes, never a silently different start.
+
+A shipped warm start may carry **baselines**: its held-out outcomes under one evaluation (questions,
+seed, temperature: the evaluation's `key`), evaluated once where it was built, so that a demo compares
+its trained models against them instead of evaluating the same bytes again on every machine (a minute
+of the deep-research demo's six). Each is a file in `baselines/` whose sha256 the manifest entry
+lists under `baselines`, with where and when it was evaluated.
 """
 
 from __future__ import annotations
@@ -99,14 +105,62 @@ def fingerprint(files: dict[str, str]) -> str:
 
 def provenance(folder: Path, root: Path = SHIPPED) -> str | None:
     """How a shipped folder was made and its fingerprint, in one line; None for a folder not shipped."""
+    entry = _entry(folder, root)
+    if entry is None:
+        return None
+    b = entry["built"]
+    return (
+        f"sha256 {fingerprint(entry['files'])[:16]} (all {len(entry['files'])} files; "
+        f"built {b['date']} on {b['processor']} at {b['code']} by make warmstart)"
+    )
+
+
+BASELINES = "baselines"
+
+
+def _entry(folder: Path, root: Path) -> dict[str, Any] | None:
     for entry in manifest(root)["warm_starts"]:
         if (root / entry["folder"]).resolve() == Path(folder).resolve():
-            b = entry["built"]
-            return (
-                f"sha256 {fingerprint(entry['files'])[:16]} (all {len(entry['files'])} files; "
-                f"built {b['date']} on {b['processor']} at {b['code']} by make warmstart)"
-            )
+            return entry
     return None
+
+
+def baseline(folder: Path, key: str, root: Path = SHIPPED) -> dict[str, Any] | None:
+    """The shipped baseline of a shipped warm start under evaluation `key` (module docstring), its
+    sha256 checked; None when `folder` is not shipped or has no baseline for `key`."""
+    entry = _entry(folder, root)
+    listed = None if entry is None else entry.get("baselines", {}).get(key)
+    if listed is None:
+        return None
+    path = root / listed["file"]
+    if not path.exists() or digest(path) != listed["sha256"]:
+        raise StaleShippedError(
+            f"the shipped baseline {path} does not match its manifest: restore it from git, or rebuild "
+            f"it with {REBUILD}"
+        )
+    data: dict[str, Any] = json.loads(path.read_text())
+    return {**data, "evaluated": listed["evaluated"]}
+
+
+def ship_baseline(folder: Path, key: str, data: dict[str, Any], root: Path = SHIPPED) -> dict[str, Any]:
+    """Store `data` (JSON) as the baseline of the shipped warm start `folder` under `key` and list it in
+    the manifest; returns its manifest record."""
+    data_root = root / BASELINES
+    data_root.mkdir(exist_ok=True)
+    name = f"{BASELINES}/{Path(folder).name}-{key}.json"
+    (root / name).write_text(json.dumps(data, sort_keys=True) + "\n")
+    listed = {
+        "file": name,
+        "sha256": digest(root / name),
+        "evaluated": {"code": _commit(), "processor": _processor(), "date": time.strftime("%Y-%m-%d")},
+    }
+    manifest_data = manifest(root)
+    entry = next(
+        e for e in manifest_data["warm_starts"] if (root / e["folder"]).resolve() == Path(folder).resolve()
+    )
+    entry.setdefault("baselines", {})[key] = listed
+    (root / MANIFEST).write_text(json.dumps(manifest_data, indent=2, sort_keys=True) + "\n")
+    return listed
 
 
 def ship(
@@ -134,9 +188,11 @@ def ship(
     }
     data = manifest(root)
     old = [e for e in data["warm_starts"] if e["kind"] == kind and e["config"] == config]
-    for e in old:
+    for e in old:  # its baselines go with it: they were evaluated on the old bytes
         if e["folder"] != name:
             shutil.rmtree(root / e["folder"], ignore_errors=True)
+        for listed in e.get("baselines", {}).values():
+            (root / listed["file"]).unlink(missing_ok=True)
     data["warm_starts"] = [e for e in data["warm_starts"] if e not in old] + [entry]
     (root / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     _verified.cache_clear()

@@ -25,9 +25,11 @@ from rich.table import Table
 
 from mgrpo.config import JobConfig
 from mgrpo.evaluation import PairedGain, paired_gain
+from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.workflows import JobSpec, get_workflow, job_spec
 from mgrpo.workflows.deep_research_warmstart import (
     DEMO_EVAL_QUESTIONS,
+    WarmstartConfig,
     WarmstartResult,
     baseline_key,
     evaluate_heldout,
@@ -137,26 +139,10 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
         "before": (warm.planner_path, warm.subagent_path),
         "after": (Path(latest["planner"]), Path(latest["subagent"])),
     }
+    key = baseline_key(task, ws, eval_questions)
+    shipped = None if options.fresh_baseline else baseline(warm.folder, key)
     with clock.phase("evaluation"):
-        shipped = (
-            None if options.fresh_baseline else baseline(warm.folder, baseline_key(task, ws, eval_questions))
-        )
-        if shipped is not None:
-            e = shipped["evaluated"]
-            console.print(
-                f"warm start: its held-out outcomes are shipped with it (evaluated {e['date']} on "
-                f"{e['processor']} at {e['code']}; --fresh-baseline evaluates it here, about a minute)"
-            )
-        evaluations = {"before": shipped} if shipped else {}
-        names = [n for n in ("before", "after") if n not in evaluations]
-        title = (
-            f"held-out evaluation, {' then '.join(LABELS[n] for n in names)}, {eval_questions} questions each"
-        )
-        with step_progress(console, title, len(names) * eval_questions) as bar:
-            for name in names:
-                evaluations[name] = evaluate_heldout(
-                    task, ws, systems[name], eval_questions, on_done=lambda: bar.advance("rollouts")
-                )
+        evaluations = evaluate_before_after(task, ws, systems, eval_questions, shipped, console)
     before, after = {HEADLINE: evaluations["before"]["metrics"]}, {HEADLINE: evaluations["after"]["metrics"]}
     outcomes = {name: e["outcomes"] for name, e in evaluations.items()}
     gain = paired_gain(outcomes["before"], outcomes["after"])
@@ -178,6 +164,33 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     )
     console.print(clock.total())
     return result
+
+
+def evaluate_before_after(
+    task: DeepResearchTask,
+    ws: WarmstartConfig,
+    systems: dict[str, tuple[Path, Path]],
+    n: int,
+    shipped: dict[str, Any] | None,
+    console: Console,
+) -> dict[str, dict[str, Any]]:
+    """The "before" and "after" systems on the held-out questions (`evaluate_heldout`), "before" read
+    from its shipped baseline when there is one."""
+    if shipped is not None:
+        e = shipped["evaluated"]
+        console.print(
+            f"warm start: its held-out outcomes are shipped with it (evaluated {e['date']} on "
+            f"{e['processor']} at {e['code']}; --fresh-baseline evaluates it here, about a minute)"
+        )
+    evaluations = {"before": shipped} if shipped else {}
+    names = [n for n in ("before", "after") if n not in evaluations]
+    title = f"held-out evaluation, {' then '.join(LABELS[name] for name in names)}, {n} questions each"
+    with step_progress(console, title, len(names) * n) as bar:
+        for name in names:
+            evaluations[name] = evaluate_heldout(
+                task, ws, systems[name], n, on_done=lambda: bar.advance("rollouts")
+            )
+    return evaluations
 
 
 def run_train(

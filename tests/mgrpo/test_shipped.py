@@ -100,3 +100,55 @@ def test_the_fingerprint_is_what_sha256sum_prints_over_the_folder(tmp_path):
     assert files["b/model.safetensors"] == hashlib.sha256(b"weights").hexdigest()
     line = shipped.provenance(shipped.SHIPPED / shipped.manifest()["warm_starts"][0]["folder"])
     assert line is not None and line.startswith("sha256 ") and shipped.provenance(tmp_path) is None
+
+
+# ---- baselines: a shipped warm start's held-out outcomes ---------------------------------------------
+def _demo_baseline() -> tuple[object, object, object, str]:
+    from mgrpo.workflows.deep_research_warmstart import DEMO_EVAL_QUESTIONS, baseline_key, job_task
+
+    cfg, task = WarmstartConfig(), job_task(JobConfig())
+    folder = shipped.find("warmstart", asdict(cfg), cfg.presets())
+    return cfg, task, folder, baseline_key(task, cfg, DEMO_EVAL_QUESTIONS)
+
+
+def test_the_shipped_baseline_is_what_evaluating_the_shipped_warm_start_gives():
+    """The demo's before-column comes from the shipped baseline: evaluating the shipped warm start here
+    gives the same outcomes (on the build's processor bit for bit; on the other vendor MKL's floats may
+    flip a rare draw, hence 99 %). A changed evaluation (seed, temperature, agent format) fails it."""
+    from mgrpo.workflows.deep_research_warmstart import DEMO_EVAL_QUESTIONS, evaluate_heldout
+
+    cfg, task, folder, key = _demo_baseline()
+    stored = shipped.baseline(folder, key)
+    assert stored is not None, "the demo's baseline is not shipped: make warmstart ships it"
+    here = evaluate_heldout(task, cfg, (folder / "planner", folder / "subagent"), DEMO_EVAL_QUESTIONS)
+    same = sum(a == b for a, b in zip(stored["outcomes"], here["outcomes"], strict=True))
+    assert same >= 0.99 * DEMO_EVAL_QUESTIONS, f"{same} of {DEMO_EVAL_QUESTIONS} questions agree"
+    assert abs(stored["metrics"]["success"] - here["metrics"]["success"]) <= 0.01
+
+
+def test_another_evaluation_has_no_baseline_and_a_changed_one_is_an_error(tmp_path):
+    from mgrpo.workflows.deep_research_warmstart import baseline_key
+
+    cfg, task, folder, key = _demo_baseline()
+    assert shipped.baseline(folder, baseline_key(task, cfg, 400)) is None  # the demo evaluates it here
+    assert shipped.baseline(tmp_path, key) is None  # not a shipped folder
+    root = tmp_path / "shipped"
+    shutil.copytree(shipped.SHIPPED, root)
+    listed = next(e for e in shipped.manifest(root)["warm_starts"] if e["folder"] == folder.name)
+    path = root / listed["baselines"][key]["file"]
+    path.write_text(path.read_text().replace("1.0", "0.0", 1))
+    with pytest.raises(shipped.StaleShippedError, match=r"baseline.*make warmstart"):
+        shipped.baseline(root / folder.name, key, root)
+
+
+def test_a_rebuilt_warm_start_drops_the_baselines_of_the_old_bytes(tmp_path):
+    built, root = tmp_path / "built", tmp_path / "root"
+    built.mkdir()
+    (built / "model.safetensors").write_bytes(b"weights")
+    entry = shipped.ship("toy", {"seed": 7}, {}, built, root)
+    listed = shipped.ship_baseline(root / entry["folder"], "k", {"outcomes": [1.0]}, root)
+    assert shipped.baseline(root / entry["folder"], "k", root)["outcomes"] == [1.0]
+    (built / "model.safetensors").write_bytes(b"other weights")
+    entry = shipped.ship("toy", {"seed": 7}, {}, built, root)
+    assert shipped.baseline(root / entry["folder"], "k", root) is None
+    assert not (root / listed["file"]).exists()

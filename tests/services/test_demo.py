@@ -1,0 +1,48 @@
+"""The deep-research demo's evaluation (`services.demo.evaluate_before_after`): the "before" column is
+the shipped baseline when there is one, and only the trained system is evaluated; without one, both are
+evaluated on the same questions with the same seeded draws."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict
+
+from rich.console import Console
+
+from mgrpo.config import JobConfig
+from mgrpo.workflows import shipped
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, evaluate_heldout, job_task
+from services.demo import evaluate_before_after
+
+N = 16
+
+
+def _setup():
+    cfg = WarmstartConfig()
+    folder = shipped.find("warmstart", asdict(cfg), cfg.presets())
+    assert folder is not None
+    pair = (folder / "planner", folder / "subagent")
+    return job_task(JobConfig()), cfg, {"before": pair, "after": pair}
+
+
+def test_a_shipped_baseline_is_the_before_column_and_only_after_is_evaluated():
+    task, cfg, systems = _setup()
+    fake = {
+        "metrics": {"success": 0.0},
+        "outcomes": [0.0] * N,
+        "evaluated": {"date": "2026-12-06", "processor": "AMD EPYC", "code": "abc1234"},
+    }
+    out = io.StringIO()
+    got = evaluate_before_after(task, cfg, systems, N, fake, Console(file=out, width=200))
+    assert got["before"] is fake  # read, not evaluated
+    assert got["after"] == evaluate_heldout(task, cfg, systems["after"], N)
+    assert "shipped with it (evaluated 2026-12-06 on AMD EPYC at abc1234" in out.getvalue()
+    assert f"trained, {N} questions" in out.getvalue() and "warm start then" not in out.getvalue()
+
+
+def test_without_a_baseline_both_are_evaluated_with_the_same_draws():
+    task, cfg, systems = _setup()
+    out = io.StringIO()
+    got = evaluate_before_after(task, cfg, systems, N, None, Console(file=out, width=200))
+    assert got["before"] == got["after"]  # one pair of models, the same seeded draws: the same outcomes
+    assert len(got["before"]["outcomes"]) == N and "warm start then trained" in out.getvalue()

@@ -14,8 +14,13 @@ Writes `results.json` and `table.md` into `--out`.
 Arms: agent (agent-specific rewards, adaptive selection: the default), outcome (every role rewarded
 by the final outcome, MarsRL's baseline), random (agent-specific rewards, random selection), balanced
 (agent-specific rewards, as many right as wrong inputs per later agent), pipelined (agent, with
-max_staleness 1: rollouts of step s + 1 overlap every trainer's update of step s; issue 13).
-`--arms` defaults to the first four.
+max_staleness 1: rollouts of step s + 1 overlap every trainer's update of step s; issue 13),
+balanced_s3 (balanced selection and S → V → C only: the verifier reviews the solver's solutions, one
+right and one wrong when both exist, never the corrector's mostly wrong revisions; issue 41).
+`--arms` defaults to the first four. Besides the accuracies: the V–C system's paired gain over the
+solver alone on the same problems (`system_minus_solver`, its paired standard error in the run's
+`final`), the verifier's recall on wrong and on right solutions and their mean (balanced accuracy),
+the loop's accept rate and the corrector's fix and break rates (`mgrpo.workflows.marsrl.vc_metrics`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import merge, parse_sets
 
 from mgrpo.config import JobConfig
+from mgrpo.evaluation import paired_gain
 from mgrpo.models import load
 from mgrpo.tasks.arithmetic import make_problems
 from mgrpo.workflows import job_spec
@@ -47,8 +53,19 @@ ARMS: dict[str, dict[str, Any]] = {
     "random": {"marsrl": {"reward": "agent", "selection": "random"}},
     "balanced": {"marsrl": {"reward": "agent", "selection": "balanced"}},
     "pipelined": {"marsrl": {"reward": "agent", "selection": "adaptive"}, "max_staleness": 1},
+    "balanced_s3": {"marsrl": {"reward": "agent", "selection": "balanced", "max_agent_steps": 3}},
 }
-METRICS = ("solver_accuracy", "system_accuracy", "verifier_accuracy", "verifier_precision", "verifier_recall")
+METRICS = (
+    "solver_accuracy",
+    "system_accuracy",
+    "system_minus_solver",
+    "verifier_balanced_accuracy",
+    "verifier_recall",
+    "verifier_recall_right",
+    "accept_rate",
+    "corrector_fix_rate",
+    "corrector_break_rate",
+)
 
 
 def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
@@ -64,9 +81,13 @@ def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
 
 
 def evaluate(job: JobConfig, paths: dict[str, Path], n: int) -> dict[str, float]:
+    """`vc_metrics` of these checkpoints, and the V–C system's paired gain over the solver alone."""
     ws = job_spec(job).warmstart_config()
     problems = make_problems("heldout", n, seed=1000 + ws.seed, n_ops=ws.n_ops)
-    return evaluate_system(problems, {r: load(p) for r, p in paths.items()})
+    outcomes: dict[str, list[float]] = {}
+    m = evaluate_system(problems, {r: load(p) for r, p in paths.items()}, outcomes=outcomes)
+    gain = paired_gain(outcomes["solver_accuracy"], outcomes["system_accuracy"])
+    return {**m, "system_minus_solver": gain.gain, "system_minus_solver_se": gain.se}
 
 
 def run_one(arm: str, seed: int, args: argparse.Namespace, console: Console) -> dict[str, Any]:

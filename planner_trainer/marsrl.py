@@ -23,7 +23,7 @@ from mgrpo.agents.agents import TurnAgent
 from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.arithmetic import Problem, make_problems
 from mgrpo.timing import PhaseTimer
-from mgrpo.workflows.marsrl import Attempt, MarsSettings, Output, rollout_step
+from mgrpo.workflows.marsrl import Attempt, MarsSettings, Output, rollout_step, verification_metrics
 from planner_trainer.root import Rollouts, RootJob
 from shared_store import keys
 from shared_store.schemas import EpisodeGroup, RoleBatch, ScoredEpisode
@@ -118,7 +118,8 @@ def role_batch(job_id: str, step: int, version: int, role: str, attempts: list[A
 
 def attempt_metrics(roles: tuple[str, ...], attempts: list[Attempt]) -> dict[str, float]:
     """Per role: mean reward, samples, groups, format rate; the answer's accuracy of the roles that
-    answer, the share of verdicts that say Wrong of those that judge."""
+    answer, the share of verdicts that say Wrong of those that judge; and the verifier's recall per
+    class and the corrector's fix / break rates (`verification_metrics`)."""
     out: dict[str, float] = {}
     for role in roles:
         mine = [a for a in attempts if a.role == role]
@@ -132,4 +133,4 @@ def attempt_metrics(roles: tuple[str, ...], attempts: list[Attempt]) -> dict[str
             out[f"{role}/flagged_wrong"] = float(np.mean([a.verdict is False for a in mine]))
         else:
             out[f"{role}/accuracy"] = float(np.mean([a.correct for a in mine]))
-    return out
+    return out | verification_metrics(attempts)

@@ -255,15 +255,18 @@ def _follow(base: str, job_id: str, steps: int, console: Console, *, title: str 
 
 
 def progress_line(root: dict[str, float | None], workflow: str = "deep_research") -> str:
-    """The live line of a job: each role's mean reward (and accuracy or success), root first, the step
-    time (a value stored as null, not being finite, shows as nan)."""
+    """The live line of a job: each role's mean reward (and accuracy or success; a verifier's balanced
+    accuracy), root first, the step time (a value stored as null, not being finite, shows as nan)."""
     value = {k: math.nan if v is None else v for k, v in root.items()}
     parts = []
     for r in get_workflow(workflow).role_names:
         if f"{r}/reward_mean" in value:
             extra = value.get(f"{r}/success", value.get(f"{r}/accuracy"))
+            balanced = value.get(f"{r}/balanced_accuracy")  # a verifier: both classes, not the base rate
             parts.append(
-                f"{r} {value[f'{r}/reward_mean']:.2f}" + (f" (acc {extra:.2f})" if extra is not None else "")
+                f"{r} {value[f'{r}/reward_mean']:.2f}"
+                + (f" (acc {extra:.2f})" if extra is not None else "")
+                + (f" (balanced acc {balanced:.2f})" if balanced is not None else "")
             )
     return " · ".join(parts) + f" · {value.get('timing/step', math.nan):.1f} s/step"
 

@@ -39,8 +39,13 @@ ROWS = (
     "system_accuracy",
     "verifier_precision",
     "verifier_recall",
+    "verifier_recall_right",
+    "verifier_balanced_accuracy",
     "verifier_accuracy",
     "always_correct_verifier_accuracy",
+    "accept_rate",
+    "corrector_fix_rate",
+    "corrector_break_rate",
     "iterations_mean",
 )
 

@@ -168,6 +168,53 @@ def outcome(a: Attempt) -> float:
     return float(a.correct)
 
 
+def verification_metrics(attempts: Sequence[Attempt]) -> dict[str, float]:
+    """What the verifier and the corrector do, per class, over a step's attempts (a verifier that says
+    Wrong to everything scores recall 1 on wrong outputs and 0 on right ones, which its mean reward
+    hides when most reviewed outputs are wrong):
+
+    - `<verifier>/recall_wrong`, `/recall_right`: the share of its reports on wrong (right) outputs whose
+      verdict says so (a malformed verdict is a miss); `/balanced_accuracy`: their mean;
+      `/reviewed_right`: the share of right outputs among the outputs it reviewed;
+    - `<corrector>/fix_rate`: the share of revisions of a wrong output that are right; `/break_rate`:
+      the share of revisions of a right output that are wrong.
+
+    A rate over an empty class is left out, not 0 (`balanced_accuracy` needs both)."""
+    out: dict[str, float] = {}
+
+    def rate(key: str, hits: list[bool]) -> None:
+        if hits:
+            out[key] = sum(hits) / len(hits)
+
+    reports = [a for a in attempts if a.judges and a.parent is not None]
+    for role in sorted({a.role for a in reports}):
+        mine = [a for a in reports if a.role == role]
+        rate(f"{role}/recall_wrong", [a.verdict is False for a in mine if not _right(a.parent)])
+        rate(f"{role}/recall_right", [a.verdict is True for a in mine if _right(a.parent)])
+        if f"{role}/recall_wrong" in out and f"{role}/recall_right" in out:
+            out[f"{role}/balanced_accuracy"] = (out[f"{role}/recall_wrong"] + out[f"{role}/recall_right"]) / 2
+        reviewed = {id(a.parent): a.parent for a in mine}.values()
+        rate(f"{role}/reviewed_right", [_right(r) for r in reviewed])
+    fixes: dict[str, list[bool]] = {}
+    breaks: dict[str, list[bool]] = {}
+    for a in attempts:
+        if a.parent is None or not a.parent.judges:
+            continue  # not a revision of a reviewed output
+        if _right(a.parent.parent):
+            breaks.setdefault(a.role, []).append(not a.correct)
+        else:
+            fixes.setdefault(a.role, []).append(a.correct)
+    for role in sorted(fixes.keys() | breaks.keys()):
+        rate(f"{role}/fix_rate", fixes.get(role, []))
+        rate(f"{role}/break_rate", breaks.get(role, []))
+    return out
+
+
+def _right(a: Attempt | None) -> bool:
+    """The output a report reviewed, or a revision revised, was right."""
+    return a is not None and a.correct
+
+
 def rollout_step(problems: Sequence[Problem], run: Run, s: MarsSettings, step: int = 0) -> list[Attempt]:
     """All problems of a step concurrently (later agents of one problem wait for the earlier ones)."""
     with ThreadPoolExecutor(max_workers=max(1, len(problems))) as pool:
@@ -182,6 +229,11 @@ class VCResult:
     system_correct: bool
     first_verdict: bool | None  # the verifier's verdict on the solver's own solution
     iterations: int
+    accepted: bool = False  # a candidate passed `accept_after` verifications in a row (no fallback)
+    revised_wrong: int = 0  # revisions of a wrong candidate …
+    fixed: int = 0  # … that were right
+    revised_right: int = 0  # revisions of a right candidate …
+    broke: int = 0  # … that were wrong
 
 
 def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations: int = 10) -> VCResult:
@@ -192,6 +244,7 @@ def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations
     first = parse_turn(run("solver", solver_prompt(problem.text), 1, "eval.S")[0].text)
     candidates: list[tuple[Turn, int]] = [(first, 0)]  # (solution, times judged Correct)
     current, passes, first_verdict = 0, 0, None
+    counts = {"revised_wrong": 0, "fixed": 0, "revised_right": 0, "broke": 0}
     for it in range(max_iterations):
         sol = candidates[current][0]
         report = parse_turn(
@@ -203,41 +256,63 @@ def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations
             candidates[current] = (sol, candidates[current][1] + 1)
             passes += 1
             if passes >= accept_after:
-                return _vc(problem, first, sol, first_verdict, it + 1)
+                return VCResult(
+                    _ok(problem, first), _ok(problem, sol), first_verdict, it + 1, accepted=True, **counts
+                )
             continue
         passes = 0
-        revised = run(
-            "corrector", corrector_prompt(problem.text, sol.shown(), report.think), 1, f"eval.C{it}"
-        )[0].text
-        candidates.append((parse_turn(revised), 0))
+        revised = parse_turn(
+            run("corrector", corrector_prompt(problem.text, sol.shown(), report.think), 1, f"eval.C{it}")[
+                0
+            ].text
+        )
+        was, now = _ok(problem, sol), _ok(problem, revised)
+        counts["revised_right" if was else "revised_wrong"] += 1
+        counts["broke" if was else "fixed"] += int(was != now)
+        candidates.append((revised, 0))
         current = len(candidates) - 1
     best = max(range(len(candidates)), key=lambda i: (candidates[i][1], -i))
-    return _vc(problem, first, candidates[best][0], first_verdict, max_iterations)
+    return VCResult(
+        _ok(problem, first), _ok(problem, candidates[best][0]), first_verdict, max_iterations, False, **counts
+    )
 
 
-def _vc(problem: Problem, first: Turn, final: Turn, first_verdict: bool | None, iterations: int) -> VCResult:
-    def ok(t: Turn) -> bool:
-        return t.format_ok and answer_value(t.answer) == problem.answer
-
-    return VCResult(ok(first), ok(final), first_verdict, iterations)
+def _ok(problem: Problem, t: Turn) -> bool:
+    return t.format_ok and answer_value(t.answer) == problem.answer
 
 
 def vc_metrics(results: Sequence[VCResult]) -> dict[str, float]:
-    """Solver-alone and V–C-system accuracy, and the verifier's precision / recall at flagging wrong
-    solutions (on the solver's own solutions), with the always-'Correct' verifier's accuracy beside."""
+    """Solver-alone and V–C-system accuracy; the verifier's precision / recall at flagging wrong
+    solutions and its recall on right ones (on the solver's own solutions; balanced accuracy: the mean
+    of the two recalls), with the always-'Correct' verifier's accuracy beside; the loop's accept rate
+    (a candidate passed, no fallback) and the corrector's fix rate (revisions of a wrong candidate that
+    are right) and break rate (of a right candidate that are wrong). Empty classes give 0."""
     n = max(len(results), 1)
     wrong = [r for r in results if not r.solver_correct]
+    right = [r for r in results if r.solver_correct]
     flagged = [r for r in results if r.first_verdict is False]
     hits = sum(1 for r in flagged if not r.solver_correct)
+    passed = sum(1 for r in right if r.first_verdict is True)
     agree = sum(1 for r in results if r.first_verdict is not None and r.first_verdict == r.solver_correct)
+    recall_wrong = hits / len(wrong) if wrong else 0.0
+    recall_right = passed / len(right) if right else 0.0
+    revised_wrong, revised_right = (
+        sum(r.revised_wrong for r in results),
+        sum(r.revised_right for r in results),
+    )
     return {
         "solver_accuracy": sum(r.solver_correct for r in results) / n,
         "system_accuracy": sum(r.system_correct for r in results) / n,
         "verifier_precision": hits / len(flagged) if flagged else 0.0,
-        "verifier_recall": hits / len(wrong) if wrong else 0.0,
+        "verifier_recall": recall_wrong,
+        "verifier_recall_right": recall_right,
+        "verifier_balanced_accuracy": (recall_wrong + recall_right) / 2,
         "verifier_accuracy": agree / n,
         "always_correct_verifier_accuracy": sum(r.solver_correct for r in results) / n,
         "iterations_mean": sum(r.iterations for r in results) / n,
+        "accept_rate": sum(r.accepted for r in results) / n,
+        "corrector_fix_rate": sum(r.fixed for r in results) / revised_wrong if revised_wrong else 0.0,
+        "corrector_break_rate": sum(r.broke for r in results) / revised_right if revised_right else 0.0,
         "n": float(len(results)),
     }
 

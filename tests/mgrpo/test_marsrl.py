@@ -15,7 +15,17 @@ from mgrpo.tasks.arithmetic import (
     solution_turn,
     verification_turn,
 )
-from mgrpo.workflows.marsrl import MarsSettings, Output, evaluate, outcome, rollout_problem, vc_loop
+from mgrpo.workflows.marsrl import (
+    Attempt,
+    MarsSettings,
+    Output,
+    evaluate,
+    outcome,
+    rollout_problem,
+    vc_loop,
+    vc_metrics,
+    verification_metrics,
+)
 
 P = make_problems("train", 1, seed=3)[0]
 RIGHT = solution_turn(P.steps())
@@ -175,3 +185,72 @@ def test_evaluation_records_each_problems_outcomes_in_order_for_paired_gains():
     assert outcomes["solver_accuracy"] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
     assert outcomes["system_accuracy"] == outcomes["solver_accuracy"]
     assert m["solver_accuracy"] == m["system_accuracy"] == 4 / 6
+
+
+# ---- what the verifier and the corrector learned, per class (issue 41) -------------------------------
+def _output(role: str, correct: bool) -> Attempt:
+    return Attempt(role, "g", "p", parse_turn(RIGHT if correct else WRONG), "ref", correct=correct)
+
+
+def _report(reviewed: Attempt, verdict: bool | None) -> Attempt:
+    a = Attempt(
+        "verifier", "g", "p", parse_turn(SAYS_OK), "ref", judges=True, verdict=verdict, parent=reviewed
+    )
+    reviewed.children.append(a)
+    return a
+
+
+def _revision(report: Attempt, correct: bool) -> Attempt:
+    a = _output("corrector", correct)
+    a.parent = report
+    report.children.append(a)
+    return a
+
+
+def test_verification_metrics_count_each_class_on_hand_made_attempts():
+    """Reports on wrong solutions: 3 of 4 say Wrong (one malformed); on right ones 1 of 2 say Correct;
+    revisions of wrong solutions: 1 of 3 right; of right ones: 1 of 2 wrong. Swapping the classes
+    anywhere gives other numbers."""
+    w1, w2, r1 = _output("solver", False), _output("solver", False), _output("solver", True)
+    reports = [_report(w1, False), _report(w1, False), _report(w2, False), _report(w2, None)]
+    reports += [_report(r1, True), _report(r1, False)]
+    revisions = [_revision(reports[0], True), _revision(reports[0], False), _revision(reports[2], False)]
+    revisions += [_revision(reports[5], False), _revision(reports[5], True)]
+    m = verification_metrics([w1, w2, r1, *reports, *revisions])
+    assert m == {
+        "verifier/recall_wrong": 0.75,
+        "verifier/recall_right": 0.5,
+        "verifier/balanced_accuracy": 0.625,
+        "verifier/reviewed_right": 1 / 3,
+        "corrector/fix_rate": 1 / 3,
+        "corrector/break_rate": 0.5,
+    }
+
+
+def test_a_verifier_that_says_wrong_to_everything_scores_half_balanced_accuracy():
+    solutions = [_output("solver", c) for c in (False, False, False, True)]
+    reports = [_report(s, False) for s in solutions]
+    m = verification_metrics([*solutions, *reports])
+    assert m["verifier/recall_wrong"] == 1.0 and m["verifier/recall_right"] == 0.0
+    assert m["verifier/balanced_accuracy"] == 0.5  # its mean reward would read 0.75
+    only_wrong = verification_metrics([solutions[0], reports[0]])
+    assert "verifier/recall_right" not in only_wrong and "verifier/balanced_accuracy" not in only_wrong
+
+
+def test_the_vc_loop_counts_fixes_breaks_and_acceptance():
+    fixes = vc_loop(P, Script(solver=[WRONG], verifier=[SAYS_BAD] + [SAYS_OK] * 4, corrector=[RIGHT]))
+    assert (fixes.accepted, fixes.revised_wrong, fixes.fixed, fixes.revised_right) == (True, 1, 1, 0)
+    breaks = vc_loop(P, Script(solver=[RIGHT], verifier=[SAYS_BAD], corrector=[WRONG]), max_iterations=3)
+    # a right solution revised into a wrong one (a break), then that wrong one revised twice, never fixed
+    assert (breaks.accepted, breaks.revised_right, breaks.broke, breaks.revised_wrong, breaks.fixed) == (
+        False,
+        1,
+        1,
+        2,
+        0,
+    )
+    m = vc_metrics([fixes, breaks])
+    assert m["accept_rate"] == 0.5 and m["corrector_fix_rate"] == 1 / 3 and m["corrector_break_rate"] == 1.0
+    # the solver's wrong solution flagged (recall on wrong 1), its right one flagged too (recall on right 0)
+    assert m["verifier_recall"] == 1.0 and m["verifier_recall_right"] == 0.0
+    assert m["verifier_balanced_accuracy"] == 0.5

@@ -46,3 +46,20 @@ def test_without_a_baseline_both_are_evaluated_with_the_same_draws():
     got = evaluate_before_after(task, cfg, systems, N, None, Console(file=out, width=200))
     assert got["before"] == got["after"]  # one pair of models, the same seeded draws: the same outcomes
     assert len(got["before"]["outcomes"]) == N and "warm start then trained" in out.getvalue()
+
+
+def test_the_live_line_shows_a_verifiers_balanced_accuracy():
+    """A collapsed verifier (mean reward 0.98) reads as such: balanced accuracy 0.50 beside it."""
+    from services.demo import progress_line
+
+    line = progress_line(
+        {
+            "solver/reward_mean": 0.25,
+            "solver/accuracy": 0.25,
+            "verifier/reward_mean": 0.98,
+            "verifier/balanced_accuracy": 0.5,
+            "timing/step": 5.0,
+        },
+        "marsrl",
+    )
+    assert line == "solver 0.25 (acc 0.25) · verifier 0.98 (balanced acc 0.50) · 5.0 s/step"

@@ -4,11 +4,13 @@
    about 8 minutes on 2 cores);
 2. a local cluster: embedded Redis (unless REDIS_URL) and the three services as separate processes;
 3. one `co_train` job (30 steps) submitted over REST, followed live (step, reward per role, timings);
-4. the warm start and the final checkpoints evaluated side by side on the same held-out stage-2
-   questions with the same seeded draws, printed with the gain's paired standard error next to the
-   baselines. 1,600 questions by default: the paired standard error near 0.011, where 400 gave 0.022
-   (one run's first 400 questions printed +0.045, all 1,600 +0.086); `metrics.jsonl`, `rewards.png`, `eval.json` (with each question's
-   success before and after) and both checkpoints in the run folder."""
+4. the final checkpoints evaluated on held-out stage-2 questions with the seeded draws of the warm
+   start's outcomes shipped with it (`shipped.baseline`; `--fresh-baseline`, another question count or
+   a warm start not shipped: the warm start is evaluated here too), printed with the gain's paired
+   standard error next to the baselines. 1,600 questions by default: the paired standard error near
+   0.011, where 400 gave 0.022 (one run's first 400 questions printed +0.045, all 1,600 +0.086);
+   `metrics.jsonl`, `rewards.png`, `eval.json` (with each question's success before and after) and
+   both checkpoints in the run folder."""
 
 from __future__ import annotations
 

@@ -28,8 +28,10 @@ from pathlib import Path
 import httpx
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: the tests' helpers
 from shared_store import keys
 from shared_store.embedded import RedisServer
+from tests.waiting import wait_for
 
 TOKEN = "probe-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
@@ -47,16 +49,6 @@ def timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
     t0 = time.perf_counter()
     r = call()
     return r, time.perf_counter() - t0
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float, every: float = 0.2) -> float:
-    """Poll an observable state until it holds; return the seconds it took (raise on timeout)."""
-    t0 = time.perf_counter()
-    while not check():
-        if time.perf_counter() - t0 > timeout:
-            raise TimeoutError(f"{what}: not within {timeout} s")
-        time.sleep(every)
-    return time.perf_counter() - t0
 
 
 def job_state(api: httpx.Client, job_id: str) -> str:
@@ -88,10 +80,13 @@ def probe_inputs(api: httpx.Client, planner: httpx.Client) -> None:
 
 def probe_running_job(api: httpx.Client, run_dir: Path, port: int) -> None:
     job = api.post("/v1/jobs", json=JOB, headers=H).json()["job_id"]
-    wait_for("the job runs", lambda: job_state(api, job) == "running", 300)
+    wait_for(lambda: job_state(api, job) == "running", "the job runs", 300, 0.2)
     nxt = api.post("/v1/jobs", json={**JOB, "steps": 2}, headers=H).json()["job_id"]
     wait_for(
-        "a step is done", lambda: bool(api.get(f"/v1/jobs/{job}/metrics", headers=H).json()["records"]), 300
+        lambda: bool(api.get(f"/v1/jobs/{job}/metrics", headers=H).json()["records"]),
+        "a step is done",
+        300,
+        0.2,
     )
     partner = subprocess.run(
         ["pgrep", "-f", f"services.cli serve subagent --host 127.0.0.1 --port {port + 2}"],
@@ -102,8 +97,8 @@ def probe_running_job(api: httpx.Client, run_dir: Path, port: int) -> None:
         os.kill(int(pid), signal.SIGSTOP)
     try:
         r, s = timed(lambda: api.post(f"/v1/jobs/{job}/cancel", headers=H))
-        took = wait_for("cancelled", lambda: job_state(api, job) == "cancelled", 60, every=0.02)
-        start = wait_for("the next job starts", lambda: job_state(api, nxt) != "queued", 60, every=0.02)
+        took = wait_for(lambda: job_state(api, job) == "cancelled", "cancelled", 60, 0.02)
+        start = wait_for(lambda: job_state(api, nxt) != "queued", "the next job starts", 60, 0.02)
     finally:
         for pid in partner:
             os.kill(int(pid), signal.SIGCONT)
@@ -115,7 +110,7 @@ def probe_running_job(api: httpx.Client, run_dir: Path, port: int) -> None:
     probe(
         "next job starts after a cancel", s + took + start < 2, f"{s + took + start:.2f} s after the cancel"
     )
-    wait_for("the next job ends", lambda: job_state(api, nxt) in {"succeeded", "failed"}, 600, every=0.5)
+    wait_for(lambda: job_state(api, nxt) in {"succeeded", "failed"}, "the next job ends", 600, 0.5)
     probe("next job succeeds", job_state(api, nxt) == "succeeded", job_state(api, nxt))
     listed = api.get(f"/v1/jobs/{nxt}/checkpoints", headers=H).json()
     listed_n = len(listed.get("checkpoints", []))
@@ -132,7 +127,7 @@ def probe_unserved(api: httpx.Client) -> None:
         probe("job for roles nobody serves", False, f"{r.status_code} {r.text[:90]}")
         return
     job = r.json()["job_id"]
-    took = wait_for("failed", lambda: job_state(api, job) == "failed", 90, every=0.5)
+    took = wait_for(lambda: job_state(api, job) == "failed", "failed", 90, 0.5)
     error = api.get(f"/v1/jobs/{job}", headers=H).json().get("reason") or ""
     probe("job for roles nobody serves", "solver" in error, f"failed after {took:.0f} s: {error[:80]}")
 
@@ -168,7 +163,7 @@ class Cluster:
         self.api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         self.root = httpx.Client(base_url=f"http://127.0.0.1:{port + 1}", timeout=60)
         ready = lambda c: c.get("/readyz").status_code == 200  # noqa: E731
-        wait_for("the cluster", lambda: _up(lambda: ready(self.api) and ready(self.root)), 300, every=0.5)
+        wait_for(lambda: _up(lambda: ready(self.api) and ready(self.root)), "the cluster", 300, 0.5)
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGINT)
@@ -190,7 +185,6 @@ class Cluster:
 
 def probe_chat(c: Cluster) -> None:
     """The chat routes of an openai_agents job's planner (a tiny random chat model) while it runs."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder  # the tests' tiny chat models
 
     roles = ("planner", "searcher", "comparer")
@@ -209,7 +203,10 @@ def probe_chat(c: Cluster) -> None:
         return
     job = r.json()["job_id"]
     wait_for(
-        "the planner holds the job", lambda: c.root.get("/v1/policy", headers=H).json()["job_id"] == job, 300
+        lambda: c.root.get("/v1/policy", headers=H).json()["job_id"] == job,
+        "the planner holds the job",
+        300,
+        0.2,
     )
     big = {"messages": [{"role": "user", "content": "x " * 10_000}], "max_tokens": 16}
     r, s = timed(lambda: c.root.post("/v1/chat/completions", json=big, headers=H))
@@ -227,7 +224,7 @@ def probe_chat(c: Cluster) -> None:
     r, s = timed(lambda: c.root.post("/v1/chat/completions", json=ok, headers=H))
     probe("chat, a short call", r.status_code == 200, f"{r.status_code} in {s:.2f} s")
     r, s = timed(lambda: c.api.post(f"/v1/jobs/{job}/cancel", headers=H))
-    took = wait_for("cancelled", lambda: job_state(c.api, job) == "cancelled", 60, every=0.02)
+    took = wait_for(lambda: job_state(c.api, job) == "cancelled", "cancelled", 60, 0.02)
     probe("cancel an openai_agents job", r.status_code == 200 and took < 1, f"cancelled in {s + took:.2f} s")
 
 

@@ -30,13 +30,11 @@ from mgrpo.evaluation import PairedGain, paired_gain
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.workflows import JobSpec, get_workflow, job_spec
 from mgrpo.workflows.deep_research_warmstart import (
-    DEMO_EVAL_QUESTIONS,
     WarmstartConfig,
     WarmstartResult,
-    baseline_key,
-    evaluate_heldout,
     job_task,
 )
+from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key, evaluate_heldout
 from mgrpo.workflows.shipped import baseline, provenance
 from mgrpo.workflows.spec import Built
 from services.launcher import LocalCluster
@@ -141,8 +139,9 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
         "before": (warm.planner_path, warm.subagent_path),
         "after": (Path(latest["planner"]), Path(latest["subagent"])),
     }
-    key = baseline_key(task, ws, eval_questions)
-    shipped = None if options.fresh_baseline else baseline(warm.folder, key)
+    shipped = (
+        None if options.fresh_baseline else baseline(warm.folder, baseline_key(task, ws, eval_questions))
+    )
     with clock.phase("evaluation"):
         evaluations = evaluate_before_after(task, ws, systems, eval_questions, shipped, console)
     before, after = {HEADLINE: evaluations["before"]["metrics"]}, {HEADLINE: evaluations["after"]["metrics"]}

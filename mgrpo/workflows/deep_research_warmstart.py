@@ -13,7 +13,6 @@ paper's single-agent baseline.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import random
 import shutil
@@ -33,7 +32,7 @@ from mgrpo.evaluation import System, evaluate, evaluate_single
 from mgrpo.models import build_model, load, save, train_tokenizer
 from mgrpo.presets import PRESETS
 from mgrpo.records import Transcript
-from mgrpo.reproducibility import RECIPE_VERSIONS, cache_key, provenance
+from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
@@ -42,7 +41,6 @@ from mgrpo.workflows.spec import JobSpec, stop_check
 
 ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerFast]
 EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
-DEMO_EVAL_QUESTIONS = 1600  # the deep-research demo's held-out questions (`services/demo.py`)
 
 
 @dataclass(frozen=True)
@@ -257,39 +255,6 @@ def evaluate_paired(
             task, planner, subagent, qs, majority, temperature, on_done
         )
     return metrics, outcomes
-
-
-def baseline_key(
-    task: DeepResearchTask, cfg: WarmstartConfig, n: int, stage: int = 2, temperature: float = 1.0
-) -> str:
-    """The evaluation a shipped baseline answers (`shipped.baseline`): its questions, seed, temperature and
-    the recipe versions of the agents' formats, as `stage2-T1-n1600-<12 hex digits>`."""
-    qs = heldout_questions(task, cfg, stage, n)
-    blob = json.dumps(
-        {
-            "questions": [(q.text, q.answer) for q in qs],
-            "seed": EVAL_SEED,
-            "temperature": temperature,
-            "recipe": RECIPE_VERSIONS,
-        },
-        sort_keys=True,
-    )
-    return f"stage{stage}-T{temperature:g}-n{n}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
-
-
-def evaluate_heldout(
-    task: DeepResearchTask,
-    cfg: WarmstartConfig,
-    system: tuple[Path, Path],
-    n: int,
-    *,
-    on_done: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """A saved (planner, sub-agent) pair on the demo's held-out evaluation (stage 2, T = 1, seeded):
-    `{"metrics", "outcomes"}` (its success per question, in order, for `evaluation.paired_gain`)."""
-    models = {"it": (load(system[0]), load(system[1]))}
-    metrics, outcomes = evaluate_paired(task, cfg, models, n_questions=n, on_done=on_done)
-    return {"metrics": metrics["it"], "outcomes": outcomes["it"]}
 
 
 def cached_warmstart(

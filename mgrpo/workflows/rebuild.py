@@ -14,22 +14,20 @@ from typing import Any
 from mgrpo.config import JobConfig
 from mgrpo.workflows import shipped
 from mgrpo.workflows.deep_research_warmstart import (
-    DEMO_EVAL_QUESTIONS,
     WarmstartConfig,
     WarmstartResult,
-    baseline_key,
-    evaluate_heldout,
     job_task,
     run_team_warmstart,
     run_warmstart,
 )
+from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key, evaluate_heldout
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
 
 OnStep = Callable[[str, int, dict[str, float]], None]  # (which warm start, step, losses)
 
 
-def ship_baselines(warm: WarmstartResult, root: Path = shipped.SHIPPED) -> dict[str, Any]:
+def ship_demo_baseline(warm: WarmstartResult, root: Path = shipped.SHIPPED) -> dict[str, Any]:
     """The deep-research demo's baseline: the shipped warm start on the demo's held-out evaluation."""
     cfg, task = WarmstartConfig(), job_task(JobConfig())
     key = baseline_key(task, cfg, DEMO_EVAL_QUESTIONS)
@@ -55,7 +53,7 @@ def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list
         base = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
         assert base is not None
         base_result = WarmstartResult(base, base / "planner", base / "subagent", pair.metrics, cached=True)
-        ship_baselines(base_result, root)
+        ship_demo_baseline(base_result, root)
         team = run_team_warmstart(cfg, Path(tmp) / "team", base_result, on_step=step_of("team"))
         entries.append(shipped.ship("team", asdict(cfg), cfg.presets(), team.folder, root))
         mars = MarsWarmstartConfig()

@@ -118,11 +118,16 @@ def provenance(folder: Path, root: Path = SHIPPED) -> str | None:
 BASELINES = "baselines"
 
 
-def _entry(folder: Path, root: Path) -> dict[str, Any] | None:
-    for entry in manifest(root)["warm_starts"]:
+def _entry(folder: Path, root: Path, data: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The manifest entry (of `data`, else of the manifest on disk) of a shipped folder."""
+    for entry in (manifest(root) if data is None else data)["warm_starts"]:
         if (root / entry["folder"]).resolve() == Path(folder).resolve():
             return entry
     return None
+
+
+def _write_manifest(data: dict[str, Any], root: Path) -> None:
+    (root / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def baseline(folder: Path, key: str, root: Path = SHIPPED) -> dict[str, Any] | None:
@@ -145,8 +150,7 @@ def baseline(folder: Path, key: str, root: Path = SHIPPED) -> dict[str, Any] | N
 def ship_baseline(folder: Path, key: str, data: dict[str, Any], root: Path = SHIPPED) -> dict[str, Any]:
     """Store `data` (JSON) as the baseline of the shipped warm start `folder` under `key` and list it in
     the manifest; returns its manifest record."""
-    data_root = root / BASELINES
-    data_root.mkdir(exist_ok=True)
+    (root / BASELINES).mkdir(exist_ok=True)
     name = f"{BASELINES}/{Path(folder).name}-{key}.json"
     (root / name).write_text(json.dumps(data, sort_keys=True) + "\n")
     listed = {
@@ -154,12 +158,12 @@ def ship_baseline(folder: Path, key: str, data: dict[str, Any], root: Path = SHI
         "sha256": digest(root / name),
         "evaluated": {"code": _commit(), "processor": _processor(), "date": time.strftime("%Y-%m-%d")},
     }
-    manifest_data = manifest(root)
-    entry = next(
-        e for e in manifest_data["warm_starts"] if (root / e["folder"]).resolve() == Path(folder).resolve()
-    )
+    data = manifest(root)
+    entry = _entry(folder, root, data)
+    if entry is None:
+        raise ValueError(f"{folder} is not a shipped warm start: ship it first (`ship`)")
     entry.setdefault("baselines", {})[key] = listed
-    (root / MANIFEST).write_text(json.dumps(manifest_data, indent=2, sort_keys=True) + "\n")
+    _write_manifest(data, root)
     return listed
 
 
@@ -194,7 +198,7 @@ def ship(
         for listed in e.get("baselines", {}).values():
             (root / listed["file"]).unlink(missing_ok=True)
     data["warm_starts"] = [e for e in data["warm_starts"] if e not in old] + [entry]
-    (root / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _write_manifest(data, root)
     _verified.cache_clear()
     return entry
 

@@ -104,7 +104,8 @@ def test_the_fingerprint_is_what_sha256sum_prints_over_the_folder(tmp_path):
 
 # ---- baselines: a shipped warm start's held-out outcomes ---------------------------------------------
 def _demo_baseline() -> tuple[object, object, object, str]:
-    from mgrpo.workflows.deep_research_warmstart import DEMO_EVAL_QUESTIONS, baseline_key, job_task
+    from mgrpo.workflows.deep_research_warmstart import job_task
+    from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key
 
     cfg, task = WarmstartConfig(), job_task(JobConfig())
     folder = shipped.find("warmstart", asdict(cfg), cfg.presets())
@@ -115,7 +116,7 @@ def test_the_shipped_baseline_is_what_evaluating_the_shipped_warm_start_gives():
     """The demo's before-column comes from the shipped baseline: evaluating the shipped warm start here
     gives the same outcomes (on the build's processor bit for bit; on the other vendor MKL's floats may
     flip a rare draw, hence 99 %). A changed evaluation (seed, temperature, agent format) fails it."""
-    from mgrpo.workflows.deep_research_warmstart import DEMO_EVAL_QUESTIONS, evaluate_heldout
+    from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, evaluate_heldout
 
     cfg, task, folder, key = _demo_baseline()
     stored = shipped.baseline(folder, key)
@@ -127,7 +128,7 @@ def test_the_shipped_baseline_is_what_evaluating_the_shipped_warm_start_gives():
 
 
 def test_another_evaluation_has_no_baseline_and_a_changed_one_is_an_error(tmp_path):
-    from mgrpo.workflows.deep_research_warmstart import baseline_key
+    from mgrpo.workflows.demo_baseline import baseline_key
 
     cfg, task, folder, key = _demo_baseline()
     assert shipped.baseline(folder, baseline_key(task, cfg, 400)) is None  # the demo evaluates it here
@@ -152,3 +153,5 @@ def test_a_rebuilt_warm_start_drops_the_baselines_of_the_old_bytes(tmp_path):
     entry = shipped.ship("toy", {"seed": 7}, {}, built, root)
     assert shipped.baseline(root / entry["folder"], "k", root) is None
     assert not (root / listed["file"]).exists()
+    with pytest.raises(ValueError, match="not a shipped warm start"):
+        shipped.ship_baseline(built, "k", {"outcomes": []}, root)

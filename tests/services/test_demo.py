@@ -11,7 +11,8 @@ from rich.console import Console
 
 from mgrpo.config import JobConfig
 from mgrpo.workflows import shipped
-from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, evaluate_heldout, job_task
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, job_task
+from mgrpo.workflows.demo_baseline import evaluate_heldout
 from services.demo import evaluate_before_after
 
 N = 16

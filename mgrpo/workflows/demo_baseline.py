@@ -1,0 +1,57 @@
+"""The deep-research demo's held-out evaluation and its shipped baseline (`mgrpo.workflows.shipped`):
+a saved planner and sub-agent on the demo's seeded stage-2 questions at T = 1 (`evaluate_heldout`),
+and the key that names one such evaluation (`baseline_key`), under which the shipped warm start's
+outcomes are stored so that the demo evaluates only what it trained."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mgrpo.models import load
+from mgrpo.reproducibility import RECIPE_VERSIONS
+from mgrpo.tasks.deep_research import DeepResearchTask
+from mgrpo.workflows.deep_research_warmstart import (
+    EVAL_SEED,
+    WarmstartConfig,
+    evaluate_paired,
+    heldout_questions,
+)
+
+DEMO_EVAL_QUESTIONS = 1600  # the deep-research demo's held-out questions (`services/demo.py`)
+
+
+def baseline_key(
+    task: DeepResearchTask, cfg: WarmstartConfig, n: int, stage: int = 2, temperature: float = 1.0
+) -> str:
+    """The evaluation a shipped baseline answers (`shipped.baseline`): its questions, seed, temperature and
+    the recipe versions of the agents' formats, as `stage2-T1-n1600-<12 hex digits>`."""
+    qs = heldout_questions(task, cfg, stage, n)
+    blob = json.dumps(
+        {
+            "questions": [(q.text, q.answer) for q in qs],
+            "seed": EVAL_SEED,
+            "temperature": temperature,
+            "recipe": RECIPE_VERSIONS,
+        },
+        sort_keys=True,
+    )
+    return f"stage{stage}-T{temperature:g}-n{n}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def evaluate_heldout(
+    task: DeepResearchTask,
+    cfg: WarmstartConfig,
+    system: tuple[Path, Path],
+    n: int,
+    *,
+    on_done: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """A saved (planner, sub-agent) pair on the demo's held-out evaluation (stage 2, T = 1, seeded):
+    `{"metrics", "outcomes"}` (its success per question, in order, for `evaluation.paired_gain`)."""
+    models = {"it": (load(system[0]), load(system[1]))}
+    metrics, outcomes = evaluate_paired(task, cfg, models, n_questions=n, on_done=on_done)
+    return {"metrics": metrics["it"], "outcomes": outcomes["it"]}

@@ -3,6 +3,8 @@
     .venv/bin/python bench/learning.py                 # 4 arms × 3 seeds (about 2 hours on 2 cores)
     .venv/bin/python bench/learning.py --quick         # 4 arms × 1 seed, short runs (about 15 minutes)
     .venv/bin/python bench/learning.py --arms co_train --seeds 0 --set planner_optim.lr=1e-4
+    .venv/bin/python bench/learning.py --worlds 301 302 303 --arms co_train main_only single_agent \
+        --seeds 0 1 --steps 20 --eval-every 20 --eval-questions 400   # issue 43: worlds nobody tuned on
 
 Every run starts from the same cached warm start and trains on stage-2 training-split questions as a
 job on a local cluster (embedded Redis, controller, planner and sub-agent services as processes);
@@ -11,6 +13,12 @@ every `--eval-every` steps are then evaluated on the same held-out stage-2 quest
 and greedy, next to the majority-answer baseline and a process metric (planner: first delegation is
 the gold subtask; single agent: first search names the right person). Writes `results.json`,
 `curves.png` and `table.md` into `--out`.
+
+`--worlds A B …` repeats the study on each world (`JobConfig.seed`: the built-in world and its own warm
+start) and compares the arms' final held-out success per world and pooled with paired standard errors:
+every arm of a world is scored on the same questions with the same seeded draws, each question's
+success averaged over the run seeds, differences taken per question (`evaluation.paired_by_question`).
+The evaluation worlds are written down in docs/results.md; tuning happens on world 0 only.
 
 Arms: co_train (M-GRPO), main_only (sub-agent frozen), single_agent (one model, all tools),
 co_train_no_align (co_train with `alignment: none`); and, when named in `--arms`, co_train_pipelined
@@ -30,13 +38,19 @@ import yaml
 from rich.console import Console
 
 from mgrpo.config import JobConfig
+from mgrpo.engines.hf import HFEngine
+from mgrpo.evaluation import evaluate_single, mean_over_runs, paired_by_question, pooled
 from mgrpo.models import load
 from mgrpo.workflows import job_spec
 from mgrpo.workflows.deep_research_warmstart import (
+    EVAL_SEED,
     cached_warmstart,
+    evaluate_paired,
     evaluate_single_model,
     evaluate_system,
+    heldout_questions,
     job_task,
+    majority_baseline,
 )
 from services.demo import run_train
 
@@ -48,6 +62,15 @@ ARMS: dict[str, dict[str, Any]] = {
     "co_train_pipelined": {"mode": "co_train", "max_staleness": 1},  # issue 13
 }
 CELLS = ("heldout_stage2_T1", "heldout_stage2_T0")
+TRAIN_SERIES = (  # per-step training metrics kept per run: does each role's advantage carry signal?
+    "planner/success",
+    "planner/flat_share",
+    "planner/adv_std",
+    "subagent/reward_mean",
+    "subagent/flat_share",
+    "subagent/adv_std",
+)
+COMPARISONS = (("co_train", "main_only"), ("co_train", "single_agent"), ("main_only", "single_agent"))
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -70,26 +93,52 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def job_for(arm: str, seed: int, args: argparse.Namespace) -> JobConfig:
+def job_for(arm: str, seed: int, args: argparse.Namespace, world: int | None = None) -> JobConfig:
     base = yaml.safe_load(Path(args.job).read_text()) if args.job else {}
     cfg = merge(merge(base, ARMS[arm]), parse_sets(args.set))
     cfg.update(steps=args.steps, run_seed=seed, checkpoint_keep_every_steps=args.eval_every)
+    if world is not None:
+        cfg["seed"] = world
     return JobConfig.model_validate(cfg)
 
 
 def evaluate_checkpoint(job: JobConfig, planner: Path, subagent: Path | None, n: int) -> dict[str, Any]:
+    """Held-out stage 2 at T = 1 and greedy, and the T = 1 success of each question by id
+    (`by_question`, for the paired comparisons of `--worlds`)."""
     task, ws = job_task(job), job_spec(job).warmstart_config()
-    grid = {"stages": (2,), "n_questions": n}
+    qs = heldout_questions(task, ws, 2, n)
+    qids = [q.qid for q in qs]
+    if len(set(qids)) != len(qids):
+        raise RuntimeError("held-out questions repeat a question id: a per-question pairing would merge them")
+    greedy = {"stages": (2,), "temperatures": (0.0,), "n_questions": n}
     if subagent is None:
-        return evaluate_single_model(task, load(planner), ws, **grid)
-    return evaluate_system(task, load(planner), load(subagent), ws, **grid)
+        single, outcomes = load(planner), []
+        engine = HFEngine(*single)
+        try:
+            t1 = evaluate_single(
+                engine, task, qs, majority_baseline(task), temperature=1.0, seed=EVAL_SEED, outcomes=outcomes
+            )
+        finally:
+            engine.close()
+        out = evaluate_single_model(task, single, ws, **greedy)
+    else:
+        system = (load(planner), load(subagent))
+        metrics, outs = evaluate_paired(task, ws, {"it": system}, n_questions=n)
+        t1, outcomes = metrics["it"], outs["it"]
+        out = evaluate_system(task, *system, ws, **greedy)
+    return {CELLS[0]: t1, **out, "by_question": dict(zip(qids, outcomes, strict=True))}
 
 
 def run_one(
-    arm: str, seed: int, args: argparse.Namespace, start: dict[str, Any], console: Console
+    arm: str,
+    seed: int,
+    args: argparse.Namespace,
+    start: dict[str, Any],
+    console: Console,
+    world: int | None = None,
 ) -> dict[str, Any]:
-    job = job_for(arm, seed, args)
-    out = args.out / "runs" / f"{arm}-seed{seed}"
+    job = job_for(arm, seed, args, world)
+    out = args.out / "runs" / (f"{arm}-seed{seed}" if world is None else f"world{world}-{arm}-seed{seed}")
     t0 = time.perf_counter()
     final = run_train(job, out, redis_url=args.redis_url, cache_dir=args.cache_dir, console=console)
     train_s = time.perf_counter() - t0
@@ -107,10 +156,12 @@ def run_one(
     return {
         "arm": arm,
         "seed": seed,
+        "world": job.seed,
         "job": job.model_dump(mode="json"),
         "train_s": train_s,
         "curve": curve,
         "train_success": [r.get("planner/success") for r in rows],
+        "train": {k: [r.get(k) for r in rows] for k in TRAIN_SERIES},
     }
 
 
@@ -193,9 +244,101 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def compare_worlds(
+    runs: list[dict[str, Any]], starts: dict[tuple[int, bool], dict[str, Any]]
+) -> dict[str, Any]:
+    """Per world and pooled: each arm's final held-out success (T = 1, mean over run seeds, and each
+    seed's), its paired gain over its warm start, the paired differences of `COMPARISONS`, and what
+    the sub-agent learned (fact found at start and end; training signal: share of flat samples)."""
+    worlds = list(dict.fromkeys(r["world"] for r in runs))
+    final: dict[int, dict[str, dict[str, float]]] = {}
+    out: dict[str, Any] = {"worlds": {}, "pooled": {}}
+    for w in worlds:
+        mine = {a: [r for r in runs if r["world"] == w and r["arm"] == a] for a in ARMS}
+        final[w] = {
+            a: mean_over_runs([r["curve"][-1]["by_question"] for r in rs]) for a, rs in mine.items() if rs
+        }
+        row: dict[str, Any] = {"arms": {}, "differences": {}}
+        for arm, rs in mine.items():
+            if not rs:
+                continue
+            start = starts[(w, ARMS[arm]["mode"] == "single_agent")]
+            gain = paired_by_question(start["by_question"], final[w][arm])
+            row["arms"][arm] = {
+                "seeds": [r["seed"] for r in rs],
+                "start": gain.before,
+                "final": gain.after,
+                "final_per_seed": [r["curve"][-1][CELLS[0]]["success"] for r in rs],
+                "gain": gain.gain,
+                "gain_se": gain.se,
+                "fact_found": [start[CELLS[0]].get("subagent_fact_found")]
+                + [r["curve"][-1][CELLS[0]].get("subagent_fact_found") for r in rs],
+                "flat_share": {k: _mean_of(rs, f"{k}/flat_share") for k in ("planner", "subagent")},
+                "subagent_reward_first_last5": _first_last(rs, "subagent/reward_mean"),
+                "planner_success_first_last5": _first_last(rs, "planner/success"),
+            }
+        for a, b in COMPARISONS:
+            if a in final[w] and b in final[w]:
+                d = paired_by_question(final[w][b], final[w][a])
+                row["differences"][f"{a} - {b}"] = {"diff": d.gain, "se": d.se, "z": d.z}
+        out["worlds"][str(w)] = row
+    for a, b in COMPARISONS:
+        per = {str(w): final[w] for w in worlds if a in final[w] and b in final[w]}
+        if per:
+            d = paired_by_question(
+                pooled({w: f[b] for w, f in per.items()}), pooled({w: f[a] for w, f in per.items()})
+            )
+            out["pooled"][f"{a} - {b}"] = {"worlds": list(per), "diff": d.gain, "se": d.se, "z": d.z}
+    return out
+
+
+def _mean_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    xs = [x for r in runs for x in r.get("train", {}).get(key, []) if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _first_last(runs: list[dict[str, Any]], key: str) -> list[float | None]:
+    """Mean of a training series over the first five and the last five steps, pooled over runs."""
+    series = [[x for x in r.get("train", {}).get(key, []) if x is not None] for r in runs]
+    first = [x for s in series for x in s[:5]]
+    last = [x for s in series for x in s[-5:]]
+    return [statistics.fmean(first) if first else None, statistics.fmean(last) if last else None]
+
+
+def write_world_table(study: dict[str, Any], path: Path) -> None:
+    lines = [
+        "| world | arm | seeds | held-out T=1: warm start → final (per seed) | gain ± paired SE | sub-agent finds the fact: start → per seed | flat samples: planner / sub-agent |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w, row in study["worlds"].items():
+        for arm, a in row["arms"].items():
+            seeds = ", ".join(f"{x:.3f}" for x in a["final_per_seed"])
+            facts = a["fact_found"]
+            fact = (
+                "—" if facts[0] is None else f"{facts[0]:.2f} → " + ", ".join(f"{x:.2f}" for x in facts[1:])
+            )
+            flat = " / ".join("—" if v is None else f"{v:.2f}" for v in a["flat_share"].values())
+            lines.append(
+                f"| {w} | {arm} | {len(a['seeds'])} | {a['start']:.3f} → {a['final']:.3f} ({seeds}) "
+                f"| {a['gain']:+.3f} ± {a['gain_se']:.3f} | {fact} | {flat} |"
+            )
+    lines += ["", "| comparison | " + " | ".join(f"world {w}" for w in study["worlds"]) + " | pooled |"]
+    lines.append("|---" * (len(study["worlds"]) + 2) + "|")
+    for name, p in study["pooled"].items():
+        cells = []
+        for row in study["worlds"].values():
+            d = row["differences"].get(name)
+            cells.append("—" if d is None else f"{d['diff']:+.3f} ± {d['se']:.3f} ({d['z']:.1f} SE)")
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {p['diff']:+.3f} ± {p['se']:.3f} ({p['z']:.1f} SE) |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 seed, 8 steps, 100 questions: about 15 minutes")
+    ap.add_argument("--worlds", nargs="+", type=int, help="world seeds to repeat the study on (issue 43)")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS)[:4])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=40)
@@ -211,24 +354,33 @@ def main() -> None:
         args.seeds, args.steps, args.eval_every, args.eval_questions = args.seeds[:1], 8, 4, 100
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
-    starts: dict[bool, dict[str, Any]] = {}
+    starts: dict[tuple[int, bool], dict[str, Any]] = {}
     runs = []
-    for seed in args.seeds:  # seed-major: a study cut short still has every arm of its first seeds
-        for arm in args.arms:
-            job = job_for(arm, seed, args)
-            single = job.mode == "single_agent"
-            if single not in starts:  # the warm start's own numbers on the same questions
-                ws = cached_warmstart(job_spec(job).warmstart_config(), args.cache_dir, single_agent=single)
-                starts[single] = evaluate_checkpoint(
-                    job, ws.planner_path, None if single else ws.subagent_path, args.eval_questions
+    for world in args.worlds or [None]:
+        for seed in args.seeds:  # seed-major: a study cut short still has every arm of its first seeds
+            for arm in args.arms:
+                job = job_for(arm, seed, args, world)
+                key = (job.seed, job.mode == "single_agent")
+                if key not in starts:  # the warm start's own numbers on the same questions
+                    ws = cached_warmstart(
+                        job_spec(job).warmstart_config(), args.cache_dir, single_agent=key[1]
+                    )
+                    starts[key] = evaluate_checkpoint(
+                        job, ws.planner_path, None if key[1] else ws.subagent_path, args.eval_questions
+                    )
+                    who = "single agent" if key[1] else "planner + sub-agent"
+                    console.print(f"world {job.seed} warm start ({who}): {_cell_line(starts[key])}")
+                runs.append(run_one(arm, seed, args, starts[key], console, world))
+                results = {"runs": runs}
+                results |= (
+                    {"worlds": compare_worlds(runs, starts)} if args.worlds else {"table": summarise(runs)}
                 )
-                console.print(
-                    f"warm start ({'single agent' if single else 'planner + sub-agent'}): {_cell_line(starts[single])}"
-                )
-            runs.append(run_one(arm, seed, args, starts[single], console))
-            (args.out / "results.json").write_text(
-                json.dumps({"runs": runs, "table": summarise(runs)}, indent=1)
-            )
+                (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    if args.worlds:  # one table per world and pooled; the single-world table and curves would mix worlds
+        write_world_table(compare_worlds(runs, starts), args.out / "worlds.md")
+        console.print((args.out / "worlds.md").read_text())
+        console.print(f"wrote {args.out}/results.json, worlds.md")
+        return
     table = summarise(runs)
     write_table(table, args.out / "table.md")
     plot(runs, args.out / "curves.png")

@@ -22,3 +22,14 @@ def assign_advantages(samples: Sequence[Sample]) -> torch.Tensor:
     for s, a in zip(samples, adv.tolist(), strict=True):
         s.advantage = a
     return adv
+
+
+def advantage_stats(adv: torch.Tensor) -> dict[str, float]:
+    """A step's advantages in two numbers: their spread (`adv_std`) and the share of samples whose
+    advantage is 0 (`flat_share`: their group's rewards were all equal, so they carry no signal)."""
+    if len(adv) == 0:
+        return {"adv_std": 0.0, "flat_share": 0.0}
+    return {
+        "adv_std": float(adv.std()) if len(adv) > 1 else 0.0,
+        "flat_share": float((adv.abs() < 1e-8).float().mean()),
+    }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -152,9 +152,11 @@ def evaluate_single(
     temperature: float = 1.0,
     concurrency: int = 64,
     seed: int | None = None,
+    outcomes: list[float] | None = None,
 ) -> dict[str, float]:
     """The single-agent baseline on `questions`: success, format rate, majority baseline, and the
-    process metric 'first tool call searches the question's first entity'."""
+    process metric 'first tool call searches the question's first entity'; each question's success
+    appended to `outcomes` when given (for paired comparisons)."""
     agent = SingleAgent(engine, engine.tokenizer, task.call_tool, temperature=temperature)
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         transcripts = list(
@@ -166,6 +168,8 @@ def evaluate_single(
         task.correct(t.final or "", q.answer) if t.format_ok else 0.0
         for t, q in zip(transcripts, questions, strict=True)
     ]
+    if outcomes is not None:
+        outcomes.extend(correct)
     first_ok = [
         bool(t.actions)
         and t.actions[0].kind == "tool_call"
@@ -216,3 +220,35 @@ def paired_gain(before: Sequence[float], after: Sequence[float]) -> PairedGain:
     var_d = sum((x - mean_d) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
     unpaired = math.sqrt((mean_b * (1 - mean_b) + mean_a * (1 - mean_a)) / n)
     return PairedGain(n, mean_b, mean_a, mean_d, math.sqrt(var_d / n), unpaired)
+
+
+def paired_by_question(before: Mapping[str, float], after: Mapping[str, float]) -> PairedGain:
+    """`paired_gain` of two evaluations given as success per question id: each difference is taken
+    between the two scores of one question, whatever order the evaluations listed them in. Both must
+    have scored the same questions (a comparison across different questions is not paired)."""
+    if before.keys() != after.keys():
+        only_b, only_a = sorted(before.keys() - after.keys()), sorted(after.keys() - before.keys())
+        raise ValueError(
+            f"paired_by_question needs both evaluations on the same questions; only before: "
+            f"{only_b[:3]}{'…' if len(only_b) > 3 else ''} ({len(only_b)}), only after: "
+            f"{only_a[:3]}{'…' if len(only_a) > 3 else ''} ({len(only_a)})"
+        )
+    qids = sorted(before)
+    return paired_gain([before[q] for q in qids], [after[q] for q in qids])
+
+
+def mean_over_runs(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per question id, the mean success over runs that were all scored on the same questions (the
+    run seeds of one arm on one world), ready for `paired_by_question`."""
+    if not runs:
+        raise ValueError("mean_over_runs needs at least one run")
+    for r in runs[1:]:
+        if r.keys() != runs[0].keys():
+            raise ValueError("mean_over_runs: the runs were scored on different questions")
+    return {q: sum(r[q] for r in runs) / len(runs) for q in runs[0]}
+
+
+def pooled(per_world: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Success per question of several worlds in one mapping, each question id prefixed with its
+    world (`<world>/<qid>`), so a pooled `paired_by_question` pairs only within a world."""
+    return {f"{w}/{q}": v for w, scores in per_world.items() for q, v in scores.items()}

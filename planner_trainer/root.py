@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgrpo.advantages import assign_advantages
+from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
 from mgrpo.runtime import Placement
@@ -287,7 +287,7 @@ class RootJob:
         values = {
             **{f"{r}/{k}": v for k, v in metrics.items()},
             **rollouts.values,
-            f"{r}/adv_std": float(adv.std()) if len(adv) > 1 else 0.0,
+            **{f"{r}/{k}": v for k, v in advantage_stats(adv).items()},
             f"{r}/version": float(self.version),
             **self.finish_values(rollouts),
         }

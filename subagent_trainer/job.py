@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mgrpo.advantages import assign_advantages
+from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
 from mgrpo.agents.chat import (
     ChatAgent,
@@ -214,7 +214,7 @@ class CalleeJob:
             **{f"{r}/{k}": v for k, v in extra.items()},
             f"{r}/reward_mean": float(rewards.mean()),
             f"{r}/reward_std": float(rewards.std()),
-            f"{r}/adv_std": float(adv.std()) if len(adv) > 1 else 0.0,
+            **{f"{r}/{k}": v for k, v in advantage_stats(adv).items()},
             f"{r}/samples": float(len(samples)),
             f"{r}/version": float(self.version),
             **timer.values(),

@@ -121,3 +121,13 @@ def test_invariant_to_shift_and_positive_scale(pairs, shift, scale):
     moved = group_advantages(rewards * scale + shift, groups, eps=0.0)
     # exact zero-variance groups stay zero; elsewhere equal up to float round-off
     assert moved.tolist() == pytest.approx(base.tolist(), abs=1e-5)
+
+
+def test_advantage_stats_count_samples_of_all_equal_groups_as_flat():
+    from mgrpo.advantages import advantage_stats
+
+    adv = group_advantages(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1, 2, 2]))
+    stats = advantage_stats(adv)
+    assert stats["flat_share"] == pytest.approx(4 / 6)  # groups 0 and 2 are all-equal; group 1 is not
+    assert stats["adv_std"] == pytest.approx(float(adv.std()))
+    assert advantage_stats(torch.zeros(0)) == {"adv_std": 0.0, "flat_share": 0.0}

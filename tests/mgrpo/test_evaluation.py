@@ -1,8 +1,10 @@
 """Held-out evaluation (`mgrpo.evaluation`, `mgrpo.workflows.deep_research_warmstart.evaluate_paired`): repeatable, paired."""
 
+import math
+
 import pytest
 
-from mgrpo.evaluation import paired_gain
+from mgrpo.evaluation import mean_over_runs, paired_by_question, paired_gain, pooled
 from mgrpo.models import load
 from mgrpo.workflows.deep_research_warmstart import (
     WarmstartConfig,
@@ -22,6 +24,34 @@ def test_paired_gain_by_hand():
     assert same.gain == 0 and same.se == 0 and same.z == 0
     with pytest.raises(ValueError, match="equally long"):
         paired_gain([1, 0], [1])
+
+
+def test_paired_by_question_pairs_each_question_with_itself_whatever_the_order():
+    """The world study's bookkeeping (issue 43): two arms listed their questions in different orders;
+    the difference is taken per question id. A pairing by position (q1 with q3, …) gives another
+    gain and another standard error, so it fails here."""
+    before = {"q1": 0.0, "q2": 1.0, "q3": 1.0, "q4": 0.0}
+    after = {"q3": 0.0, "q4": 1.0, "q1": 1.0, "q2": 1.0}  # d = [1, 0, -1, 1] by question
+    g = paired_by_question(before, after)
+    assert (g.n, g.before, g.after, g.gain) == (4, 0.5, 0.75, 0.25)
+    assert g.se == pytest.approx(math.sqrt(2.75 / 3) / 2)
+    by_position = paired_gain(list(before.values()), list(after.values()))
+    assert by_position.se != pytest.approx(g.se)  # the hand-made case tells the two pairings apart
+    with pytest.raises(ValueError, match="same questions"):
+        paired_by_question(before, {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q5": 1.0})
+
+
+def test_run_seeds_average_per_question_and_worlds_pool_without_crossing():
+    runs = [{"a": 1.0, "b": 0.0}, {"b": 1.0, "a": 1.0}]
+    assert mean_over_runs(runs) == {"a": 1.0, "b": 0.5}
+    with pytest.raises(ValueError, match="different questions"):
+        mean_over_runs([{"a": 1.0}, {"b": 1.0}])
+    # the same question id in two worlds is two questions: pooling keeps them apart
+    frozen = pooled({"301": {"q": 0.0, "r": 0.0}, "302": {"q": 1.0, "r": 0.0}})
+    co = pooled({"301": {"q": 1.0, "r": 0.0}, "302": {"q": 1.0, "r": 1.0}})
+    g = paired_by_question(frozen, co)
+    assert (g.n, g.gain) == (4, 0.5)  # d = [1, 0, 0, 1]
+    assert g.se == pytest.approx(math.sqrt(1 / 3) / 2)
 
 
 def test_one_checkpoint_evaluates_identically_twice(tmp_path):

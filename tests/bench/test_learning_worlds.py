@@ -1,0 +1,65 @@
+"""The world study's bookkeeping in `bench/learning.py --worlds` (issue 43) on hand-made results:
+per world the arms are compared question by question (each question's success averaged over the run
+seeds), and the pooled comparison pairs only within a world."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from learning import CELLS, compare_worlds, write_world_table
+
+
+def run(world, arm, seed, by_question):
+    success = sum(by_question.values()) / len(by_question)
+    return {
+        "world": world,
+        "arm": arm,
+        "seed": seed,
+        "curve": [{}, {CELLS[0]: {"success": success}, "by_question": by_question}],
+        "train": {"subagent/flat_share": [0.5, 0.7]},
+    }
+
+
+def start(by_question):
+    return {CELLS[0]: {"success": sum(by_question.values()) / len(by_question)}, "by_question": by_question}
+
+
+def test_worlds_compare_arms_per_question_and_pool_within_worlds(tmp_path):
+    runs = [
+        run(1, "co_train", 0, {"a": 1.0, "b": 0.0, "c": 1.0, "d": 1.0}),
+        run(1, "co_train", 1, {"d": 1.0, "c": 1.0, "b": 1.0, "a": 0.0}),  # listed in another order
+        run(1, "main_only", 0, {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}),
+        run(1, "main_only", 1, {"b": 0.0, "a": 1.0, "d": 0.0, "c": 0.0}),
+        run(2, "co_train", 0, {"a": 1.0, "b": 1.0}),  # the same ids in another world: other questions
+        run(2, "main_only", 0, {"a": 0.0, "b": 1.0}),
+    ]
+    starts = {
+        (1, False): start({"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}),
+        (2, False): start({"a": 0.0, "b": 0.0}),
+    }
+    study = compare_worlds(runs, starts)
+    # world 1: co_train per question (.5, .5, 1, 1), main_only (.5, 0, .5, 0): d = (0, .5, .5, 1)
+    w1 = study["worlds"]["1"]["differences"]["co_train - main_only"]
+    assert w1["diff"] == pytest.approx(0.5) and w1["se"] == pytest.approx(math.sqrt(1 / 6) / 2)
+    co1 = study["worlds"]["1"]["arms"]["co_train"]
+    assert (co1["start"], co1["final"], co1["gain"]) == pytest.approx((0.25, 0.75, 0.5))
+    assert co1["final_per_seed"] == [0.75, 0.75] and co1["flat_share"]["subagent"] == pytest.approx(0.6)
+    # pooled: d = (0, .5, .5, 1) from world 1 and (1, 0) from world 2
+    p = study["pooled"]["co_train - main_only"]
+    assert p["worlds"] == ["1", "2"] and p["diff"] == pytest.approx(0.5)
+    assert p["se"] == pytest.approx(math.sqrt(0.2 / 6))
+    write_world_table(study, tmp_path / "worlds.md")
+    table = (tmp_path / "worlds.md").read_text()
+    assert (
+        "| co_train - main_only | +0.500 ± 0.204 (2.4 SE) | +0.500 ± 0.500 (1.0 SE) | +0.500 ± 0.183 (2.7 SE) |"
+        in table
+    )
+
+
+def test_an_arm_scored_on_other_questions_is_refused():
+    runs = [run(1, "co_train", 0, {"a": 1.0, "b": 0.0}), run(1, "main_only", 0, {"a": 1.0, "c": 0.0})]
+    with pytest.raises(ValueError, match="same questions"):
+        compare_worlds(runs, {(1, False): start({"a": 0.0, "b": 0.0})})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import string
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mgrpo.presets import PRESETS
 
@@ -282,6 +282,47 @@ _LEGACY = {
 }
 
 
+TRACKERS = ("tensorboard", "mlflow")
+
+
+class TrackerConfig(_Strict):
+    """One experiment tracker of a job (`mgrpo.tracking`); in a job's list, a bare name takes the
+    defaults: `tracking: [tensorboard, mlflow]`."""
+
+    name: Literal["tensorboard", "mlflow"] = Field(description="The tracker.")
+    log_dir: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.\-/]{1,200}$",
+        description="tensorboard: the folder under the trainer's tracking dir (MGRPO_TRACKING_DIR) the event files go to, as <log_dir>/<job id>/<role> (default: tensorboard); relative, no '..'.",
+    )
+    tracking_uri: str | None = Field(
+        None,
+        max_length=1000,
+        description="mlflow: the tracking server or store; one the operator allows (MGRPO_ALLOWED_TRACKING_URIS), else a 422. Default: an SQLite store in the trainer's tracking dir.",
+    )
+    experiment: str = Field(
+        "mgrpo",
+        min_length=1,
+        max_length=200,
+        description="mlflow: the experiment the job's runs (one per role, named <job id>/<role>) go to.",
+    )
+
+    @field_validator("log_dir")
+    @classmethod
+    def _under_the_tracking_dir(cls, v: str | None) -> str | None:
+        if v is not None and (v.startswith("/") or ".." in v.split("/")):
+            raise ValueError(f"log_dir must be a relative folder without '..', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _options_of_the_tracker(self) -> TrackerConfig:
+        if self.name != "tensorboard" and self.log_dir is not None:
+            raise ValueError(f"log_dir is an option of tensorboard, not of {self.name}")
+        if self.name != "mlflow" and self.tracking_uri is not None:
+            raise ValueError(f"tracking_uri is an option of mlflow, not of {self.name}")
+        return self
+
+
 class JobConfig(_Strict):
     """A training job."""
 
@@ -367,6 +408,25 @@ class JobConfig(_Strict):
     partner_timeout_s: float = Field(
         120.0, gt=0, le=86_400, description="Wait this long for the partner before failing the job."
     )
+    tracking: list[TrackerConfig] | None = Field(
+        None,
+        max_length=len(TRACKERS),
+        description="Experiment trackers every trainer logs its role's metrics to (tensorboard, mlflow; each an installed extra: pip install 'mgrpo[tracking]'), e.g. [tensorboard, mlflow]; null: the cluster's default (MGRPO_TRACKING); []: none.",
+    )
+
+    @field_validator("tracking", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        """A bare tracker name in the list is that tracker with its defaults."""
+        return [{"name": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+
+    @field_validator("tracking")
+    @classmethod
+    def _one_of_each(cls, v: list[TrackerConfig] | None) -> list[TrackerConfig] | None:
+        names = [t.name for t in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each tracker at most once, got {names}")
+        return v
 
     model_config = ConfigDict(
         extra="forbid",

@@ -25,7 +25,8 @@ class Placement:
     checkpoint volume, the torch device, the SGLang servers it rolls out with (`sglang_url`; '' = the
     in-process hf engine) and the address they take pushed weights from (`sglang_sync_host`), the
     service's own URL as others reach it, its stream consumer's name, its group of ranks when it
-    trains on W > 1 (`mgrpo.parallel.ranks`), and the agent programs it may run (`mgrpo.programs`)."""
+    trains on W > 1 (`mgrpo.parallel.ranks`), the agent programs it may run (`mgrpo.programs`), and its
+    experiment trackers (`mgrpo.tracking`)."""
 
     cache_dir: Path = Path(".cache/mgrpo")
     checkpoint_dir: Path = Path("checkpoints")
@@ -36,6 +37,9 @@ class Placement:
     consumer_name: str = ""
     ranks: RankGroup | None = None  # this service's group of ranks (W > 1), on rank 0
     allowed_programs: tuple[str, ...] = ()  # agent programs the operator allows (mgrpo.programs)
+    tracking_dir: Path = Path("runs/tracking")  # where trackers write (mgrpo.tracking)
+    tracking: tuple[str, ...] = ()  # the trackers of a job that names none
+    allowed_tracking_uris: tuple[str, ...] = ()  # the tracking servers jobs may name
     stop: threading.Event | None = None  # set when the job ends: a warm-start build gives up
 
 

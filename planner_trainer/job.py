@@ -39,7 +39,14 @@ class QuestionRoot(RootJob):
         super().__init__(*args, **kw)
         self.task = job_task(self.cfg)
         self.queries = Queries(
-            self.store, self.job_id, self.cfg, self.task, root=self.root, device=self.placement.device
+            self.store,
+            self.job_id,
+            self.cfg,
+            self.task,
+            root=self.root,
+            device=self.placement.device,
+            emit=self.emit,
+            warn=self.event,
         )
 
     def questions(self, step: int) -> list[Question]:

@@ -27,7 +27,6 @@ from mgrpo.tasks.deep_research import (
 from mgrpo.workflows.deep_research import QueryRollouts, finite_mean
 from shared_store import Store
 from shared_store.schemas import MetricsEvent
-from shared_store.streams import publish_metrics
 
 log = logging.getLogger("mgrpo.root")
 # Delegations of held-out evaluation and of POST /v1/rollouts are recorded under these steps; no trainer
@@ -37,10 +36,21 @@ EVAL_STEP, PROBE_STEP = 999_998, 999_999
 
 class Queries:
     def __init__(
-        self, store: Store, job_id: str, cfg: JobConfig, task: DeepResearchTask, *, root: str, device: Any
+        self,
+        store: Store,
+        job_id: str,
+        cfg: JobConfig,
+        task: DeepResearchTask,
+        *,
+        root: str,
+        device: Any,
+        emit: Callable[[MetricsEvent], None],
+        warn: Callable[[str], None],
     ) -> None:
-        """`root`: the role whose answers are scored (its events name it)."""
+        """`root`: the role whose answers are scored; `emit` publishes the evaluation's record, `warn`
+        an event (`RootJob.emit`, `RootJob.warn`)."""
         self.store, self.job_id, self.cfg, self.task, self.root = store, job_id, cfg, task, root
+        self.emit, self.warn = emit, warn
         self.scorer = Scorer(cfg.reward, device=device)
         self.pool, self.held_out = self._dataset()
 
@@ -74,9 +84,7 @@ class Queries:
         for (_, r), v in zip(scored, scores.values, strict=True):
             r.correct = v
         for message in scores.messages:
-            log.warning("job %s: %s", self.job_id, message)
-            event = MetricsEvent(job_id=self.job_id, step=-1, role=self.root, kind="event", message=message)
-            publish_metrics(self.store.client, event)
+            self.warn(message)
         return Scores([r.correct for _, r in rollouts], scores.rejected, scores.errors, scores.messages)
 
     def evaluate(self, rollout: Callable[[str, Question], Transcript]) -> dict[str, float]:
@@ -109,8 +117,7 @@ class Queries:
         if before is not None:
             values |= {f"{k}_before": v for k, v in before.items()}
             values["success_gain"] = after["success"] - before["success"]
-        event = MetricsEvent(job_id=self.job_id, step=self.cfg.steps - 1, role="eval", values=values)
-        publish_metrics(self.store.client, event)
+        self.emit(MetricsEvent(job_id=self.job_id, step=self.cfg.steps - 1, role="eval", values=values))
 
     def close(self) -> None:
         self.scorer.close()

@@ -36,6 +36,7 @@ from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
 from mgrpo.runtime import Placement
 from mgrpo.timing import PhaseTimer
+from mgrpo.tracking import open_trackers
 from mgrpo.workflows import JobSpec
 from planner_trainer.delegate import CalleeClient, PartnerError
 from planner_trainer.partners import wait_applied
@@ -90,6 +91,9 @@ class RootJob:
             job, self.root, placement=placement, job_id=job_id, last_step=last, max_batch=self.max_batch
         )
         self.start_step = self.model.start_step
+        self.trackers = open_trackers(
+            job.cfg, job_id, self.root, placement=placement, start_step=self.start_step, report=self.event
+        )
         store.policies.publish(
             PolicyVersion(job_id=job_id, role=self.root, version=self.model.version, step=last)
         )
@@ -291,10 +295,29 @@ class RootJob:
             f"{r}/version": float(self.version),
             **self.finish_values(rollouts),
         }
-        publish_metrics(self.store.client, MetricsEvent(job_id=self.job_id, step=step, role=r, values=values))
+        self.emit(MetricsEvent(job_id=self.job_id, step=step, role=r, values=values))
         return step, values
 
+    def emit(self, event: MetricsEvent) -> None:
+        """A metrics record or event to the job's stream; a record also to the job's trackers (another
+        role's record, the held-out evaluation's, with its role as the prefix of its keys)."""
+        publish_metrics(self.store.client, event)
+        if event.kind == "metrics":
+            own = event.role == self.root
+            self.trackers.log(
+                event.step, {k if own else f"{event.role}/{k}": v for k, v in event.values.items()}
+            )
+
+    def event(self, message: str) -> None:
+        """A line in the job's events and this service's log (a rejected reward, a tracker's news)."""
+        log.info("job %s: %s", self.job_id, message)
+        publish_metrics(
+            self.store.client,
+            MetricsEvent(job_id=self.job_id, step=-1, role=self.root, kind="event", message=message),
+        )
+
     def close(self) -> None:
+        self.trackers.close()
         self.model.close()
 
     def finish(self) -> None:

@@ -218,10 +218,21 @@ def _check_dataset(store: Store, config: JobConfig) -> None:
         _unprocessable(("dataset", field), str(exc))
 
 
-def _unprocessable(loc: tuple[str, ...], msg: str) -> NoReturn:
+def _unprocessable(loc: tuple[str | int, ...], msg: str) -> NoReturn:
     raise HTTPException(
         status.HTTP_422_UNPROCESSABLE_CONTENT, [{"loc": ["body", *loc], "msg": msg, "type": "value_error"}]
     )
+
+
+def _check_tracking(config: JobConfig, settings: Settings) -> None:
+    """A job's tracking server must be one the operator allows (it is where the trainers send data)."""
+    for i, tracker in enumerate(config.tracking or []):
+        if tracker.tracking_uri is not None and tracker.tracking_uri not in settings.allowed_tracking_uris:
+            _unprocessable(
+                ("tracking", i, "tracking_uri"),
+                f"{tracker.tracking_uri!r} is not a tracking server this cluster allows; the operator lists "
+                "them in MGRPO_ALLOWED_TRACKING_URIS (leave tracking_uri out for the cluster's own store)",
+            )
 
 
 @router.post(
@@ -259,6 +270,7 @@ def create_job(
             check_program(config.program.entry_point, settings.allowed_programs)
         except ValueError as exc:
             _unprocessable(("program", "entry_point"), str(exc))
+    _check_tracking(config, settings)
     size = config.steps * config.prompts_per_step * config.rollouts_per_query
     if size > settings.max_job_rollouts:
         _unprocessable(

@@ -63,6 +63,11 @@ class LocalCluster:
         """The role's checkpoint volume (the API shows checkpoint paths relative to it)."""
         return self.run_dir / "checkpoints" / role
 
+    @property
+    def tracking_dir(self) -> Path:
+        """Where every role's trackers write, side by side (`tensorboard --logdir <it>/tensorboard`)."""
+        return self.run_dir / "tracking"
+
     def start(self, timeout_s: float = 120.0) -> LocalCluster:
         for what, given in (("ranks", self.ranks), ("nodes", self.nodes)):
             if unknown := set(given) - set(self.roles):
@@ -121,6 +126,7 @@ class LocalCluster:
             "MGRPO_ROLE_URLS": json.dumps(callees),
             "MGRPO_SUBAGENT_URL": callees.get("subagent", ""),
             "MGRPO_CHECKPOINT_DIR": str(self.checkpoint_dir(role)),
+            "MGRPO_TRACKING_DIR": str(self.tracking_dir),
             "MGRPO_CONSUMER_NAME": f"local-{role}",
             "MGRPO_PUBLIC_URL": self.url(role),
             "PYTHONUNBUFFERED": "1",

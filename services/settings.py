@@ -107,6 +107,18 @@ class Settings(BaseSettings):
         default_factory=list,
         description='The agent programs (program.entry_point, module:function) jobs may run in the root trainer, as JSON: ["my_pkg.agent:run"]; besides those installed packages declare under the mgrpo.programs entry points. Nothing else a job names is imported.',
     )
+    tracking_dir: Path = Field(
+        Path("runs/tracking"),
+        description="Where this trainer's experiment trackers write: tensorboard/<job id>/<role> event files and the default MLflow store (mlflow.db); give every trainer of a cluster the same shared folder to see their roles side by side.",
+    )
+    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description='The trackers of a job whose config names none (its `tracking` is null), as JSON: ["tensorboard"].',
+    )
+    allowed_tracking_uris: list[str] = Field(
+        default_factory=list,
+        description='The MLflow tracking URIs a job may name (tracking: [{name: mlflow, tracking_uri: …}]), as JSON: ["http://mlflow:5000"]; any other is a 422. The default store in MGRPO_TRACKING_DIR needs no entry.',
+    )
     public_url: str = Field(
         "",
         description="This service's URL as other processes reach it (the openai_agents root hands its own role's base URL to the agent program).",

@@ -187,5 +187,8 @@ def placement_of(
         consumer_name=settings.consumer_name,
         ranks=ranks,
         allowed_programs=tuple(settings.allowed_programs),
+        tracking_dir=settings.tracking_dir,
+        tracking=tuple(settings.tracking),
+        allowed_tracking_uris=tuple(settings.allowed_tracking_uris),
         stop=stop,
     )

@@ -41,6 +41,7 @@ from mgrpo.runtime import Placement
 from mgrpo.tasks.arithmetic import parse_turn
 from mgrpo.timing import PhaseTimer
 from mgrpo.tools import ToolBox
+from mgrpo.tracking import open_trackers
 from mgrpo.workflows import JobSpec
 from mgrpo.workflows.deep_research import CalleeQuery, Episode, aligned_samples, subagent_outcome_reward
 from mgrpo.workflows.deep_research_warmstart import job_task
@@ -79,6 +80,9 @@ class CalleeJob:
         self.consumer_name = placement.consumer_name or f"{role}-trainer"
         last = store.ledger.last_step(job_id, role)
         self.model = RoleModel(job, role, placement=placement, job_id=job_id, last_step=last)
+        self.trackers = open_trackers(
+            job.cfg, job_id, role, placement=placement, start_step=self.model.start_step, report=self.event
+        )
         self.trains = job.trains_callees
         self.last_request_s = time.monotonic()  # when an episode was last asked for
         store.policies.publish(PolicyVersion(job_id=job_id, role=role, version=self.model.version, step=last))
@@ -222,9 +226,16 @@ class CalleeJob:
         publish_metrics(
             self.store.client, MetricsEvent(job_id=self.job_id, step=msg.step, role=r, values=values)
         )
+        self.trackers.log(msg.step, values)
         return self.version
 
+    def event(self, message: str) -> None:
+        """A line in the job's events (a tracker's news)."""
+        event = MetricsEvent(job_id=self.job_id, step=-1, role=self.role, kind="event", message=message)
+        publish_metrics(self.store.client, event)
+
     def close(self) -> None:
+        self.trackers.close()
         self.model.close()
 
 

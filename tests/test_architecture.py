@@ -133,7 +133,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("mgrpo.agents", "mgrpo.tasks", "mgrpo.tools", "mgrpo.judge", "mgrpo.scoring", "mgrpo.evaluation"),
     ),
     ("workflows", ("mgrpo.workflows",)),
-    ("runtime and role set-up", ("mgrpo.runtime", "mgrpo.role_model")),
+    ("runtime and role set-up", ("mgrpo.runtime", "mgrpo.role_model", "mgrpo.tracking")),
 )
 
 

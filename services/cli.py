@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mgrpo import __version__
+from mgrpo.config import TRACKERS
 from services import cli_serve  # noqa: F401  (`serve` and `engine`, listed first)
 from services.cli_base import app, console, fail, read_config
 
@@ -330,6 +331,12 @@ def demo(
             help="Deep research: evaluate the warm start here too, instead of reading its shipped held-out outcomes (about a minute)."
         ),
     ] = False,
+    tracking: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Log every role's metrics to this experiment tracker too (tensorboard, mlflow; repeat for both): <run dir>/tracking.",
+        ),
+    ] = None,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the services as separate
     processes, one job over REST with live progress, then held-out results before/after."""
@@ -341,8 +348,19 @@ def demo(
     if shared and not wf.shares_root_model:
         raise fail(f"--shared: the {wf.name} workflow trains each role with a model of its own")
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    if unknown := set(tracking or ()) - set(TRACKERS):
+        raise fail(f"--tracking: {', '.join(sorted(unknown))}: the trackers are {', '.join(TRACKERS)}")
     options = DemoOptions(
-        steps, redis_url, cache_dir, lr, ppo_epochs, eval_questions, shared, warmstart_steps, fresh_baseline
+        steps,
+        redis_url,
+        cache_dir,
+        lr,
+        ppo_epochs,
+        eval_questions,
+        shared,
+        warmstart_steps,
+        fresh_baseline,
+        tuple(tracking or ()),
     )
     try:
         wf.load("demo")(out, options, console)

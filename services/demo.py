@@ -95,6 +95,7 @@ class DemoOptions:
     shared: bool = False
     warmstart_steps: int | None = None
     fresh_baseline: bool = False
+    tracking: tuple[str, ...] = ()  # experiment trackers of the job (mgrpo.tracking): runs/<demo>/tracking
 
 
 def eval_count(options: DemoOptions) -> int:
@@ -114,7 +115,14 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     eval_questions = eval_count(options)
     optim = {"optim": {"lr": options.lr, "ppo_epochs": options.ppo_epochs}}
     roles = {"planner": optim, "subagent": optim}
-    job = job_spec(JobConfig(steps=step_count(options), warmstart_steps=options.warmstart_steps, roles=roles))
+    job = job_spec(
+        JobConfig(
+            steps=step_count(options),
+            warmstart_steps=options.warmstart_steps,
+            roles=roles,
+            tracking=list(options.tracking),
+        )
+    )
     clock = PhaseClock(console)
     with clock.phase("warm start"):
         warm = warmstart_with_progress(job, cache_dir, console)
@@ -163,8 +171,19 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints: {latest['planner']} and {latest['subagent']}"
     )
+    tracked(out, options, console)
     console.print(clock.total())
     return result
+
+
+def tracked(out: Path, options: DemoOptions, console: Console) -> None:
+    """Where the demo's trackers wrote, and how to open them."""
+    where = {
+        "tensorboard": f"tensorboard --logdir {out / 'tracking' / 'tensorboard'}",
+        "mlflow": f"mlflow ui --backend-store-uri sqlite:///{(out / 'tracking' / 'mlflow.db').resolve()}",
+    }
+    for name in options.tracking:
+        console.print(f"{name}: {where[name]}")
 
 
 def evaluate_before_after(

@@ -28,7 +28,14 @@ from mgrpo.tasks.arithmetic import make_problems
 from mgrpo.workflows import job_spec
 from mgrpo.workflows.marsrl import ACCURACIES
 from mgrpo.workflows.marsrl_warmstart import ROLES, MarsWarmstart, MarsWarmstartConfig, evaluate_system
-from services.demo import DemoOptions, describe_warm_start, plot_run, run_job, warmstart_with_progress
+from services.demo import (
+    DemoOptions,
+    describe_warm_start,
+    plot_run,
+    run_job,
+    tracked,
+    warmstart_with_progress,
+)
 from services.launcher import LocalCluster
 from services.progress import PhaseClock, step_progress
 
@@ -50,7 +57,14 @@ ROWS = (
 )
 
 
-def marsrl_job(steps: int, lr: float, *, shared: bool, warmstart_steps: int | None = None) -> JobConfig:
+def marsrl_job(
+    steps: int,
+    lr: float,
+    *,
+    shared: bool,
+    warmstart_steps: int | None = None,
+    tracking: tuple[str, ...] = (),
+) -> JobConfig:
     roles: dict[str, Any] = {r: {"optim": {"lr": lr}} for r in ROLES}
     if shared:
         roles = {
@@ -65,6 +79,7 @@ def marsrl_job(steps: int, lr: float, *, shared: bool, warmstart_steps: int | No
         rollouts_per_query=8,
         roles=roles,
         warmstart_steps=warmstart_steps,
+        tracking=list(tracking),
     )
 
 
@@ -88,7 +103,11 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
     eval_problems = eval_count(options)
     job = job_spec(
         marsrl_job(
-            options.steps or DEMO_STEPS, options.lr, shared=shared, warmstart_steps=options.warmstart_steps
+            options.steps or DEMO_STEPS,
+            options.lr,
+            shared=shared,
+            warmstart_steps=options.warmstart_steps,
+            tracking=options.tracking,
         )
     )
     ws = job.warm_start().config(job)
@@ -157,6 +176,7 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints in {out}/checkpoints"
     )
+    tracked(out, options, console)
     console.print(clock.total())
     return result
 

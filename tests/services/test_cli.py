@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mgrpo.config import JobConfig
 from mgrpo.workflows import get_workflow
@@ -36,7 +37,8 @@ def mgrpo(*args, env=None, timeout=600, cwd=None, drop=()):
 @pytest.mark.timeout(1800)
 def test_demo_end_to_end_with_embedded_redis(tmp_path):
     """The README's first command, one step: warm start (cached), embedded Redis, three service
-    processes, a job over REST, held-out evaluation, files in the run folder."""
+    processes, a job over REST, held-out evaluation, files in the run folder; with `--tracking
+    tensorboard`, each role's curves in the run's tracking folder."""
     cache = ROOT / ".cache" / "mgrpo"
     proc = mgrpo(
         "demo",
@@ -48,11 +50,20 @@ def test_demo_end_to_end_with_embedded_redis(tmp_path):
         "out",
         "--cache-dir",
         str(cache),
+        "--tracking",
+        "tensorboard",
         cwd=tmp_path,
         drop=("REDIS_URL",),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
+    board = out / "tracking" / "tensorboard"
+    assert "tensorboard: tensorboard --logdir out/tracking/tensorboard" in proc.stdout
+    (job,) = board.iterdir()  # one job, its roles side by side as runs
+    for role in ("planner", "subagent"):
+        acc = EventAccumulator(str(job / role))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars(f"{role}/reward_mean")] == [0], role
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert (
         [r["step"] for r in rows] == [0]

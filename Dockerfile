@@ -27,7 +27,7 @@ RUN echo 'if ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=
 RUN mkdir -p mgrpo shared_store planner_trainer subagent_trainer services \
  && for p in mgrpo shared_store planner_trainer subagent_trainer services; do touch $p/__init__.py; done \
  && touch README.md \
- && . /tmp/pip-source.sh && pip install . && pip uninstall -y mgrpo && rm -rf build *.egg-info
+ && . /tmp/pip-source.sh && pip install '.[tracking]' && pip uninstall -y mgrpo && rm -rf build *.egg-info
 COPY README.md ./
 COPY mgrpo ./mgrpo
 COPY shared_store ./shared_store

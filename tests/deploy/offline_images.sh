@@ -20,6 +20,6 @@ if ! docker image inspect "$tag" >/dev/null 2>&1; then
 fi
 if ! ls wheelhouse/torch-*.whl >/dev/null 2>&1; then
   # async-timeout: redis needs it below Python 3.11.3 (Debian's 3.11.2), which this machine's pip skips
-  "$python" -m pip download -q -d wheelhouse . setuptools wheel 'async-timeout>=4.0.3'
+  "$python" -m pip download -q -d wheelhouse '.[tracking]' setuptools wheel 'async-timeout>=4.0.3'
 fi
 echo "base image $tag; $(ls wheelhouse | wc -l) wheels in ./wheelhouse"

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from mgrpo import tracing
 from mgrpo.agents.agents import Delegation
 from shared_store.jobs import JobCancelled
 
@@ -68,6 +69,20 @@ class CalleeClient:
         self.calls = ThreadPoolExecutor(max_workers=256, thread_name_prefix=f"call-{role}")
 
     def episode(self, body: dict[str, Any]) -> Delegation:
+        """One delegation (retried while the callee's service is not ready), in a `delegate` span whose
+        trace context travels in the request's `traceparent` header."""
+        with tracing.span(
+            "delegate",
+            kind="client",
+            job_id=body["job_id"],
+            step=body["step"],
+            role=self.role,
+            query_id=body["query_id"],
+            rollout=body["rollout"],
+        ):
+            return self._episode(body, dict(tracing.inject({})))
+
+    def _episode(self, body: dict[str, Any], headers: dict[str, str]) -> Delegation:
         if self.sign is not None:
             body = {**body, "capability": self.sign(body)}
         deadline = time.monotonic() + self.timeout_s
@@ -75,7 +90,7 @@ class CalleeClient:
         while time.monotonic() < deadline:
             try:
                 t0 = time.perf_counter()
-                resp = self._post(body)
+                resp = self._post(body, headers)
                 if resp.status_code == 200:
                     data = resp.json()
                     timing = server_timing(resp.headers.get("server-timing", ""))
@@ -99,9 +114,9 @@ class CalleeClient:
             f"the {self.role} service at {self.base_url} did not answer within {self.timeout_s:.0f} s ({last})"
         )
 
-    def _post(self, body: dict[str, Any]) -> httpx.Response:
+    def _post(self, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
         """The POST, abandoned (`JobCancelled`) as soon as the job ends while it waits for an answer."""
-        call = self.calls.submit(self.http.post, "/v1/episodes", json=body)
+        call = self.calls.submit(self.http.post, "/v1/episodes", json=body, headers=headers)
         while True:
             try:
                 return call.result(timeout=0.1)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mgrpo import tracing
 from mgrpo.agents.agents import AgentLimits, Delegation, PlannerAgent, SingleAgent
 from mgrpo.agents.chat import ChatAgent, ChatFormat, first_string, is_chat_model, tool_schemas
 from mgrpo.records import Transcript
@@ -57,12 +58,25 @@ class QuestionRoot(RootJob):
         """One rollout of a question with the current policy."""
         raise NotImplementedError
 
+    def traced_rollout(self, step: int, query_id: str, k: int, q: Question, temperature: float) -> Rollout:
+        """`rollout` in a `rollout` span: the trace its delegations and their episodes join."""
+        with tracing.span(
+            "rollout",
+            job_id=self.job_id,
+            step=step,
+            role=self.root,
+            query_id=query_id,
+            rollout=k,
+            policy_version=self.version,
+        ):
+            return self.rollout(step, query_id, k, q, temperature)
+
     def roll_out(self, step: int, questions: list[Question]) -> list[QueryRollouts]:
         """K rollouts of each question, all concurrent, grouped by query (query i is `q<i>`)."""
         K, T = self.cfg.rollouts_per_query, self.model.model_spec.temperature
         ids = [f"q{i}" for i in range(len(questions))]
         futures = [
-            [self.rollout_pool.submit(self.rollout, step, qid, k, q, T) for k in range(K)]
+            [self.rollout_pool.submit(self.traced_rollout, step, qid, k, q, T) for k in range(K)]
             for qid, q in zip(ids, questions, strict=True)
         ]
         return [
@@ -111,7 +125,7 @@ class PlannerJob(QuestionRoot):
         questions = self.questions(step)
         with timer("rollout"):
             queries = self.roll_out(step, questions)
-        with timer("reward"):
+        with timer("reward"), tracing.span("reward", job_id=self.job_id, step=step, role=r):
             scores = self.queries.score(queries)
             samples = planner_samples(queries, r, self.model.engine.weights_version)
         rollouts = [x for q in queries for x in q.rollouts]

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgrpo import tracing
 from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
@@ -274,7 +275,7 @@ class RootJob:
         step, samples, timer, r = rollouts.step, rollouts.samples, rollouts.timer, self.root
         with timer("adv"):
             adv = assign_advantages(samples)
-        with timer("update"):
+        with timer("update"), tracing.span("update", job_id=self.job_id, step=step, role=r):
             metrics = self.model.update(samples, seed=step)
         with timer("checkpoint"):
             ckpt = self.model.save(step)

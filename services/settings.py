@@ -107,6 +107,10 @@ class Settings(BaseSettings):
         default_factory=list,
         description='The agent programs (program.entry_point, module:function) jobs may run in the root trainer, as JSON: ["my_pkg.agent:run"]; besides those installed packages declare under the mgrpo.programs entry points. Nothing else a job names is imported.',
     )
+    trace_dir: Path | None = Field(
+        None,
+        description="Write this service's OpenTelemetry spans (rollouts, delegations and the callees' episodes in one trace, rewards, updates) as JSON lines to <dir>/<service>-<pid>.jsonl; unset: no tracing.",
+    )
     tracking_dir: Path = Field(
         Path("runs/tracking"),
         description="Where this trainer's experiment trackers write: tensorboard/<job id>/<role> event files and the default MLflow store (mlflow.db); give every trainer of a cluster the same shared folder to see their roles side by side.",

@@ -23,6 +23,7 @@ import anyio
 import redis
 from fastapi import FastAPI
 
+from mgrpo import tracing
 from mgrpo.config import JobConfig
 from mgrpo.parallel.ranks import RankGroup, RankLost
 from mgrpo.runtime import Placement, resolve_device
@@ -157,6 +158,7 @@ def trainer_lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings: Settings = app.state.settings
+        tracing.configure(role, settings.trace_dir)
         store = Store.connect(
             settings.redis_url, wait_s=settings.redis_wait_s, job_retention_s=settings.job_retention_s
         )
@@ -168,6 +170,7 @@ def trainer_lifespan(
             worker.start()
         yield
         worker.stop.set()
+        tracing.shutdown()
 
     return lifespan
 

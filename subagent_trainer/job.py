@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from mgrpo import tracing
 from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
 from mgrpo.agents.chat import (
@@ -196,7 +197,7 @@ class CalleeJob:
                 dropped=len(dropped),
                 unaligned=len(handed - used),
             )
-        with timer("update"):
+        with timer("update"), tracing.span("update", job_id=self.job_id, step=msg.step, role=r):
             metrics = self.model.update(samples, seed=msg.step) if self.trains else {}
         with timer("checkpoint"):
             ckpt = self.model.save(msg.step, push=bool(metrics))

@@ -109,6 +109,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "mgrpo.presets",
             "mgrpo.config",
             "mgrpo.timing",
+            "mgrpo.tracing",
             "mgrpo.reproducibility",
             "mgrpo.datasets",
             "mgrpo.programs",

@@ -1,9 +1,14 @@
-"""Experiment trackers through the services (issue 40): a short `co_train` job on the real services
-with `tracking: [tensorboard, mlflow]` leaves, for every role, every per-step metric the job's
-metrics API shows, read back with TensorBoard's event reader and the MLflow client, grouped by the
-job; a tracking server the operator did not allow is a 422."""
+"""Experiment trackers and traces through the services (issue 40): a short `co_train` job on the real
+services with `tracking: [tensorboard, mlflow]` leaves, for every role, every per-step metric the
+job's metrics API shows, read back with TensorBoard's event reader and the MLflow client, grouped by
+the job; a tracking server the operator did not allow is a 422. With MGRPO_TRACE_DIR set, each
+rollout is one trace whose spans come from the planner's and the sub-agent's processes, linked
+across the HTTP hop by the delegation's `traceparent`."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -39,12 +44,16 @@ def expected(records: list[dict]) -> dict[str, dict[str, set[int]]]:
     return out
 
 
-def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tmp_path, redis_url):
+@pytest.fixture(scope="module")
+def tracked_job(tmp_path_factory, redis_url):
+    """One short co_train job with both trackers and traces on: (its run folder, job id, metrics
+    records, events)."""
+    tmp_path = tmp_path_factory.mktemp("tracked")
     store = Store.connect(redis_url)
     cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
-    with LocalCluster(
-        tmp_path, redis_url=redis_url, api_token=TOKEN, extra_env={"MGRPO_CACHE_DIR": str(CACHE)}
-    ) as cluster:
+    traces = tmp_path / "traces"
+    env = {"MGRPO_CACHE_DIR": str(CACHE), "MGRPO_TRACE_DIR": str(traces)}
+    with LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, extra_env=env) as cluster:
         controller = cluster.url("controller")
         refused = httpx.post(
             f"{controller}/v1/jobs",
@@ -73,8 +82,13 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tmp_path
             return written_of(events())
 
         wait_for(lambda: len(written()) == 2, "both roles' trackers report their records written", 60)
-        said, told = records(), events()
-        tracking = cluster.tracking_dir
+        wait_for(lambda: traced(traces, job_id)[1], "every delegation's episode span written", 30)
+        return tmp_path, job_id, records(), events()
+
+
+def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tracked_job):
+    run_dir, job_id, said, told = tracked_job
+    tracking = run_dir / "tracking"
     assert sorted(m.split("'")[0] for m in written_of(told)) == ["tracking: planner", "tracking: subagent"]
     want = expected(said)
     assert sorted(want) == ["planner", "subagent"] and all(len(m) > 5 for m in want.values())
@@ -95,3 +109,48 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tmp_path
             assert board.get(key) == steps, (role, key, board.get(key), steps)
             assert {m.step for m in client.get_metric_history(run, key)} == steps, (role, key)
         assert runs[role].data.params["steps"] == str(SMALL["steps"])
+
+
+def spans_of(traces: Path) -> list[dict]:
+    """Every span the services wrote, with the service that wrote it."""
+    out = []
+    for f in traces.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            span = json.loads(line)
+            out.append({**span, "service": span["resource"]["attributes"]["service.name"]})
+    return out
+
+
+def traced(traces: Path, job_id: str) -> tuple[list[dict], bool]:
+    """The job's rollout spans, and whether every delegate span has its episode span yet."""
+    spans = [s for s in spans_of(traces) if s["attributes"].get("mgrpo.job_id") == job_id]
+    delegates = {s["context"]["span_id"] for s in spans if s["name"] == "delegate"}
+    children = {s["parent_id"] for s in spans if s["name"] == "episode"}
+    return [s for s in spans if s["name"] == "rollout"], bool(delegates) and delegates <= children
+
+
+def test_each_rollout_is_one_trace_across_the_planner_and_the_subagent(tracked_job):
+    run_dir, job_id, _, _ = tracked_job
+    spans = [s for s in spans_of(run_dir / "traces") if s["attributes"].get("mgrpo.job_id") == job_id]
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    rollouts = [s for s in spans if s["name"] == "rollout"]
+    assert len(rollouts) == SMALL["steps"] * SMALL["prompts_per_step"] * SMALL["rollouts_per_query"]
+    assert len({r["context"]["trace_id"] for r in rollouts}) == len(rollouts)  # one trace per rollout
+    crossed = 0
+    for r in rollouts:
+        mine = [s for s in spans if s["context"]["trace_id"] == r["context"]["trace_id"]]
+        for ep in (s for s in mine if s["name"] == "episode"):
+            delegate = by_id[ep["parent_id"]]  # the episode's parent: the root's HTTP call
+            assert delegate["name"] == "delegate" and delegate["parent_id"] == r["context"]["span_id"]
+            assert (ep["service"], delegate["service"], r["service"]) == (
+                "mgrpo-subagent",
+                "mgrpo-planner",
+                "mgrpo-planner",
+            )
+            assert ep["attributes"]["mgrpo.query_id"] == r["attributes"]["mgrpo.query_id"]
+        crossed += any(s["service"] == "mgrpo-subagent" for s in mine)
+    assert crossed >= len(rollouts) // 2, f"only {crossed} of {len(rollouts)} rollouts reached the sub-agent"
+    updates = {(s["service"], s["attributes"]["mgrpo.step"]) for s in spans if s["name"] == "update"}
+    assert updates == {
+        (f"mgrpo-{r}", step) for r in ("planner", "subagent") for step in range(SMALL["steps"])
+    }

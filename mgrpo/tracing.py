@@ -1,0 +1,108 @@
+"""Traces of rollouts across the services (OpenTelemetry), off by default.
+
+With `MGRPO_TRACE_DIR` set, every service process writes its spans as JSON lines to
+`<dir>/<service>-<pid>.jsonl` (`configure`). The root's trainer opens a `rollout` span per rollout,
+a `delegate` span per delegation's HTTP call, whose W3C `traceparent` header (`inject`) makes the
+callee's `episode` span (`extract`) a child in the same trace; `reward` and `update` spans cover a
+step's scoring and each role's update. Attributes: `mgrpo.job_id`, `mgrpo.step`, `mgrpo.role`,
+`mgrpo.query_id`, `mgrpo.rollout`, `mgrpo.policy_version`.
+
+Without a configured provider the spans are OpenTelemetry's no-op ones: nothing is recorded or sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Span, SpanKind
+
+_configured = False
+_lock = threading.Lock()
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("mgrpo")
+
+
+def configure(service: str, trace_dir: Path | None) -> Path | None:
+    """Record this process's spans to `<trace_dir>/<service>-<pid>.jsonl` (once per process); returns
+    the file, or None when tracing stays off (`trace_dir` None) or was configured already."""
+    global _configured
+    if trace_dir is None:
+        return None
+    with _lock:
+        if _configured:
+            return None
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        path = trace_dir / f"{service}-{os.getpid()}.jsonl"
+        provider = TracerProvider(resource=Resource.create({"service.name": f"mgrpo-{service}"}))
+        provider.add_span_processor(BatchSpanProcessor(_JsonLines(path), schedule_delay_millis=200))
+        trace.set_tracer_provider(provider)
+        _configured = True
+        return path
+
+
+def shutdown() -> None:
+    """Write what the process holds (at a service's shutdown)."""
+    provider = trace.get_tracer_provider()
+    if hasattr(provider, "shutdown"):
+        provider.shutdown()
+
+
+def inject(headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """The current span's `traceparent` (W3C trace context) into outgoing request headers."""
+    propagate.inject(headers)
+    return headers
+
+
+def extract(headers: Mapping[str, str]) -> Context:
+    """The caller's trace context from incoming request headers (a span started in it is a child)."""
+    return propagate.extract(dict(headers))
+
+
+def attributes(**kw: Any) -> dict[str, Any]:
+    """`mgrpo.<name>` attributes, leaving out the ones not given."""
+    return {f"mgrpo.{k}": v for k, v in kw.items() if v is not None}
+
+
+_KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER}
+
+
+def span(
+    name: str, *, kind: str = "internal", parent: Context | None = None, **attrs: Any
+) -> AbstractContextManager[Span]:
+    """A span of this process's tracer, current inside the `with` (a child of `parent` when given,
+    else of the current span), with `mgrpo.<name>` attributes."""
+    return tracer().start_as_current_span(
+        name, context=parent, kind=_KINDS[kind], attributes=attributes(**attrs)
+    )
+
+
+class _JsonLines(SpanExporter):
+    """A span exporter writing one compact JSON object per span (OpenTelemetry's own span JSON)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self.path.open("a") as f:
+            for span in spans:
+                f.write(json.dumps(json.loads(span.to_json())) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True

@@ -275,9 +275,18 @@ def commands_and_env() -> tuple[list[list[str]], set[str]]:
                     continue  # Redis
                 commands.append(c["args"])
                 env |= {e["name"] for e in c.get("env", [])}
-        if doc["kind"] in ("ConfigMap", "Secret"):
+        if doc["kind"] in ("ConfigMap", "Secret") and "grafana_dashboard" not in doc["metadata"]["labels"]:
             env |= set(doc.get("data", {})) | set(doc.get("stringData", {}))
     return commands, env
+
+
+def test_the_chart_ships_the_grafana_dashboard_for_the_sidecar():
+    dashboards = [d for d in render({"apiToken": "t"}) if d["metadata"]["name"] == "rel-mgrpo-dashboard"]
+    assert len(dashboards) == 1 and dashboards[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "mgrpo.json").read_text())
+    assert json.loads(dashboards[0]["data"]["mgrpo.json"]) == shipped and len(shipped["panels"]) >= 8
+    off = render({"apiToken": "t", "grafana": {"dashboard": False}})
+    assert not [d for d in off if d["metadata"]["name"].endswith("-dashboard")]
 
 
 def test_every_command_is_a_cli_entry_point_and_every_env_name_a_setting():

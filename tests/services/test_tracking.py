@@ -8,6 +8,7 @@ across the HTTP hop by the delegation's `traceparent`."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,7 @@ from tests.services.checks import stream_messages
 from tests.services.test_e2e import CACHE, SMALL, TOKEN, H, wait
 from tests.waiting import wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
 
 
@@ -83,11 +85,17 @@ def tracked_job(tmp_path_factory, redis_url):
 
         wait_for(lambda: len(written()) == 2, "both roles' trackers report their records written", 60)
         wait_for(lambda: traced(traces, job_id)[1], "every delegation's episode span written", 30)
-        return tmp_path, job_id, records(), events()
+        exported = {  # the metric families the trainers' /metrics export (the dashboard's source)
+            line.split()[2]
+            for role in ("planner", "subagent")
+            for line in httpx.get(f"{cluster.url(role)}/metrics", headers=H).text.splitlines()
+            if line.startswith("# TYPE ")
+        }
+        return tmp_path, job_id, records(), events(), exported
 
 
 def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tracked_job):
-    run_dir, job_id, said, told = tracked_job
+    run_dir, job_id, said, told, _ = tracked_job
     tracking = run_dir / "tracking"
     assert sorted(m.split("'")[0] for m in written_of(told)) == ["tracking: planner", "tracking: subagent"]
     want = expected(said)
@@ -130,7 +138,7 @@ def traced(traces: Path, job_id: str) -> tuple[list[dict], bool]:
 
 
 def test_each_rollout_is_one_trace_across_the_planner_and_the_subagent(tracked_job):
-    run_dir, job_id, _, _ = tracked_job
+    run_dir, job_id, _, _, _ = tracked_job
     spans = [s for s in spans_of(run_dir / "traces") if s["attributes"].get("mgrpo.job_id") == job_id]
     by_id = {s["context"]["span_id"]: s for s in spans}
     rollouts = [s for s in spans if s["name"] == "rollout"]
@@ -154,3 +162,19 @@ def test_each_rollout_is_one_trace_across_the_planner_and_the_subagent(tracked_j
     assert updates == {
         (f"mgrpo-{r}", step) for r in ("planner", "subagent") for step in range(SMALL["steps"])
     }
+
+
+def test_the_dashboards_queries_name_only_what_the_services_export(tracked_job):
+    """Every metric family a panel of the shipped Grafana dashboard queries is on the trainers' live
+    /metrics, and every `name=~"…"` filter matches metrics a job really records: no panel is empty
+    by construction."""
+    _, _, said, _, exported = tracked_job
+    dashboard = json.loads((ROOT / "k8s" / "mgrpo" / "dashboards" / "mgrpo.json").read_text())
+    names = {k for r in said if r["kind"] == "metrics" for k in r["values"]}
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for family in re.findall(r"\b(mgrpo_[a-z_]+)", expr):
+                assert family in exported, (panel["title"], family)
+            for pattern in re.findall(r'name=~"([^"]+)"', expr):
+                assert any(re.fullmatch(pattern, n) for n in names), (panel["title"], pattern)

@@ -282,14 +282,15 @@ _LEGACY = {
 }
 
 
-TRACKERS = ("tensorboard", "mlflow")
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+TrackerName = Literal["tensorboard", "mlflow", "wandb"]
 
 
 class TrackerConfig(_Strict):
     """One experiment tracker of a job (`mgrpo.tracking`); in a job's list, a bare name takes the
     defaults: `tracking: [tensorboard, mlflow]`."""
 
-    name: Literal["tensorboard", "mlflow"] = Field(description="The tracker.")
+    name: TrackerName = Field(description="The tracker.")
     log_dir: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.\-/]{1,200}$",
@@ -305,6 +306,11 @@ class TrackerConfig(_Strict):
         min_length=1,
         max_length=200,
         description="mlflow: the experiment the job's runs (one per role, named <job id>/<role>) go to.",
+    )
+    project: str = Field(
+        "mgrpo",
+        pattern=r"^[A-Za-z0-9_.\-]{1,128}$",
+        description="wandb: the project the job's runs (one per role, grouped by the job's id) go to; offline unless the trainer's operator set WANDB_MODE=online and a key.",
     )
 
     @field_validator("log_dir")
@@ -411,7 +417,7 @@ class JobConfig(_Strict):
     tracking: list[TrackerConfig] | None = Field(
         None,
         max_length=len(TRACKERS),
-        description="Experiment trackers every trainer logs its role's metrics to (tensorboard, mlflow; each an installed extra: pip install 'mgrpo[tracking]'), e.g. [tensorboard, mlflow]; null: the cluster's default (MGRPO_TRACKING); []: none.",
+        description="Experiment trackers every trainer logs its role's metrics to (tensorboard, mlflow, wandb; the installed extra pip install 'mgrpo[tracking]'), e.g. [tensorboard, mlflow]; null: the cluster's default (MGRPO_TRACKING); []: none.",
     )
 
     @field_validator("tracking", mode="before")

@@ -8,6 +8,9 @@ is no central collector.
 - `mlflow`: one run per role named `<job id>/<role>` and tagged `job_id` and `role`, in the
   experiment `experiment` (default `mgrpo`) of `tracking_uri` (default an SQLite store,
   `<tracking dir>/mlflow.db`); the job's config as parameters. A resumed job continues its runs.
+- `wandb`: one run per role named `<job id>/<role>` in the group `<job id>` of project `project`,
+  the job's config as the run's config; offline in `<tracking dir>/wandb` (`wandb sync` uploads it)
+  unless the trainer's operator set `WANDB_MODE=online` and a key: a job cannot send data elsewhere.
 
 A tracker never fails or slows the job: the calls run on a thread of their own behind a bounded
 queue; a tracker that raises is dropped after one warning (`report`), and what does not fit the
@@ -22,6 +25,7 @@ import functools
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -119,6 +123,33 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
+class WandbTracker:
+    def __init__(self, folder: Path, project: str, job_id: str, role: str, config: Mapping[str, Any]) -> None:
+        import wandb  # the `tracking` extra
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            dir=folder,
+            project=project,
+            group=job_id,  # W&B shows a group's runs side by side: the job's roles
+            name=f"{job_id}/{role}",
+            job_type=role,
+            id=f"{job_id}-{role}",  # a resumed job goes on in the same run when synced
+            resume="allow",
+            config=dict(config),
+            mode=None if os.environ.get("WANDB_MODE") == "online" else "offline",
+            reinit="create_new",
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
+        self.where = f"wandb {self.run.dir} (project {project}, group {job_id}, {self.run.settings.mode})"
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        self.run.log(dict(values), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,12 +170,25 @@ def open_tracker(
     start_step: int,
 ) -> Tracker:
     """One tracker of a job's `tracking` list for this role (module docstring)."""
-    if spec.name == "tensorboard":
-        return TensorBoardTracker(
-            tracking_dir / (spec.log_dir or "tensorboard") / job_id / role, config, start_step
-        )
-    uri = spec.tracking_uri or f"sqlite:///{(tracking_dir / 'mlflow.db').resolve()}"
-    return MlflowTracker(uri, spec.experiment, job_id, role, config, tracking_dir / "mlflow.lock")
+    return _OPENERS[spec.name](spec, tracking_dir, job_id, role, config, start_step)
+
+
+_OPENERS: dict[str, Callable[[TrackerConfig, Path, str, str, Mapping[str, Any], int], Tracker]] = {
+    "tensorboard": lambda spec, where, job_id, role, config, start: TensorBoardTracker(
+        where / (spec.log_dir or "tensorboard") / job_id / role, config, start
+    ),
+    "mlflow": lambda spec, where, job_id, role, config, start: MlflowTracker(
+        spec.tracking_uri or f"sqlite:///{(where / 'mlflow.db').resolve()}",
+        spec.experiment,
+        job_id,
+        role,
+        config,
+        where / "mlflow.lock",
+    ),
+    "wandb": lambda spec, where, job_id, role, config, start: WandbTracker(
+        where / "wandb", spec.project, job_id, role, config
+    ),
+}
 
 
 class Trackers:

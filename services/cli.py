@@ -334,7 +334,7 @@ def demo(
     tracking: Annotated[
         list[str] | None,
         typer.Option(
-            help="Log every role's metrics to this experiment tracker too (tensorboard, mlflow; repeat for both): <run dir>/tracking.",
+            help="Log every role's metrics to this experiment tracker too (tensorboard, mlflow, wandb; repeat for several): <run dir>/tracking.",
         ),
     ] = None,
 ) -> None:

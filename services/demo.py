@@ -181,6 +181,7 @@ def tracked(out: Path, options: DemoOptions, console: Console) -> None:
     where = {
         "tensorboard": f"tensorboard --logdir {out / 'tracking' / 'tensorboard'}",
         "mlflow": f"mlflow ui --backend-store-uri sqlite:///{(out / 'tracking' / 'mlflow.db').resolve()}",
+        "wandb": f"wandb sync {out / 'tracking' / 'wandb' / 'wandb'}/offline-run-*",
     }
     for name in options.tracking:
         console.print(f"{name}: {where[name]}")

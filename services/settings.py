@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mgrpo.config import TrackerName
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MGRPO_", extra="ignore")
@@ -115,7 +117,7 @@ class Settings(BaseSettings):
         Path("runs/tracking"),
         description="Where this trainer's experiment trackers write: tensorboard/<job id>/<role> event files and the default MLflow store (mlflow.db); give every trainer of a cluster the same shared folder to see their roles side by side.",
     )
-    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+    tracking: list[TrackerName] = Field(
         default_factory=list,
         description='The trackers of a job whose config names none (its `tracking` is null), as JSON: ["tensorboard"].',
     )

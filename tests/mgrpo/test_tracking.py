@@ -1,5 +1,5 @@
 """Experiment trackers (`mgrpo.tracking`) with their real libraries, offline: what a trainer logs is
-read back with TensorBoard's event reader and the MLflow client; a tracker that raises or hangs
+read back with TensorBoard's event reader, the MLflow client and the W&B offline run's file; a tracker that raises or hangs
 never fails or holds up the job."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pytest
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mgrpo.config import JobConfig
+from mgrpo.config import TRACKERS, JobConfig
 from mgrpo.runtime import Placement
-from mgrpo.tracking import Trackers, flat_params, open_trackers
+from mgrpo.tracking import _OPENERS, Trackers, flat_params, open_trackers
+from tests.wandb_files import history, run_info
 
 
 def scalars(folder) -> dict[str, list[tuple[int, float]]]:
@@ -161,3 +162,27 @@ def test_job_config_as_flat_parameters():
         "d": "[1, 2]",
         "e": "null",
     }
+
+
+def test_wandb_offline_one_run_per_role_grouped_by_the_job(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline unless the operator says online
+    for role, steps in (("planner", range(3)), ("subagent", range(2))):
+        (said,) = logged(tmp_path, ["wandb"], role, steps)
+        assert (
+            said.startswith(f"tracking: {role}'s metrics of {len(steps)} steps in wandb ")
+            and "offline" in said
+        )
+    runs = {}
+    for f in (tmp_path / "wandb").glob("wandb/offline-run-*/run-*.wandb"):
+        info = run_info(f)
+        runs[info.job_type] = (info, history(f))
+    assert sorted(runs) == ["planner", "subagent"]
+    for role, (info, metrics) in runs.items():
+        assert (info.display_name, info.run_group, info.project) == (f"job-1/{role}", "job-1", "mgrpo")
+        assert {u.key: u.value_json for u in info.config.update}["steps"] == "3"
+        want = {s: pytest.approx(s / 10) for s in range(3 if role == "planner" else 2)}
+        assert metrics == {f"{role}/reward_mean": want}  # NaN and missing values left out
+
+
+def test_every_tracker_a_job_may_name_has_an_opener():
+    assert set(TRACKERS) == set(_OPENERS)

@@ -1,9 +1,9 @@
-"""Experiment trackers and traces through the services (issue 40): a short `co_train` job on the real
-services with `tracking: [tensorboard, mlflow]` leaves, for every role, every per-step metric the
-job's metrics API shows, read back with TensorBoard's event reader and the MLflow client, grouped by
-the job; a tracking server the operator did not allow is a 422. With MGRPO_TRACE_DIR set, each
-rollout is one trace whose spans come from the planner's and the sub-agent's processes, linked
-across the HTTP hop by the delegation's `traceparent`."""
+"""Experiment trackers and traces through the services (issue 40): a short `co_train` job on the
+real services with `tracking: [tensorboard, mlflow, wandb]` leaves, for every role, every per-step
+metric the job's metrics API shows, read back with TensorBoard's event reader, the MLflow client and
+the W&B offline run's file, grouped by the job; a tracking server the operator did not allow is a
+422. With MGRPO_TRACE_DIR set, each rollout is one trace whose spans come from the planner's and the
+sub-agent's processes, linked across the HTTP hop by the delegation's `traceparent`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from shared_store.schemas import MetricsEvent
 from tests.services.checks import stream_messages
 from tests.services.test_e2e import CACHE, SMALL, TOKEN, H, wait
 from tests.waiting import wait_for
+from tests.wandb_files import history, run_info
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
@@ -65,7 +66,7 @@ def tracked_job(tmp_path_factory, redis_url):
         assert refused.status_code == 422, refused.text
         assert "MGRPO_ALLOWED_TRACKING_URIS" in refused.text and "tracking" in refused.text
         r = httpx.post(
-            f"{controller}/v1/jobs", json={**SMALL, "tracking": ["tensorboard", "mlflow"]}, headers=H
+            f"{controller}/v1/jobs", json={**SMALL, "tracking": ["tensorboard", "mlflow", "wandb"]}, headers=H
         )
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
@@ -94,7 +95,7 @@ def tracked_job(tmp_path_factory, redis_url):
         return tmp_path, job_id, records(), events(), exported
 
 
-def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tracked_job):
+def test_every_roles_metrics_of_every_step_reach_tensorboard_mlflow_and_wandb(tracked_job):
     run_dir, job_id, said, told, _ = tracked_job
     tracking = run_dir / "tracking"
     assert sorted(m.split("'")[0] for m in written_of(told)) == ["tracking: planner", "tracking: subagent"]
@@ -102,8 +103,10 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tracked_
     assert sorted(want) == ["planner", "subagent"] and all(len(m) > 5 for m in want.values())
     for e in written_of(told):
         assert f"of {SMALL['steps']} steps in tensorboard" in e and "; mlflow sqlite:///" in e, e
+        assert "; wandb " in e and "offline" in e, e
     assert not [e for e in told if e.startswith("tracker ")], told  # no tracker failed
 
+    wandb_files = list((tracking / "wandb").glob("wandb/offline-run-*/run-*.wandb"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tracking / 'mlflow.db'}")
     exp = client.get_experiment_by_name("mgrpo").experiment_id
     runs = {r.data.tags["role"]: r for r in client.search_runs([exp], f"tags.job_id = '{job_id}'")}
@@ -113,9 +116,13 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_and_mlflow(tracked_
         acc.Reload()
         board = {tag: {e.step for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
         run = runs[role].info.run_id
+        (wandb_run,) = [f for f in wandb_files if run_info(f).display_name == f"{job_id}/{role}"]
+        assert run_info(wandb_run).run_group == job_id
+        offline = history(wandb_run)
         for key, steps in metrics.items():
             assert board.get(key) == steps, (role, key, board.get(key), steps)
             assert {m.step for m in client.get_metric_history(run, key)} == steps, (role, key)
+            assert set(offline.get(key, {})) == steps, (role, key)
         assert runs[role].data.params["steps"] == str(SMALL["steps"])
 
 

@@ -1,7 +1,8 @@
 """Traces of rollouts across the services (OpenTelemetry), off by default.
 
 With `MGRPO_TRACE_DIR` set, every service process writes its spans as JSON lines to
-`<dir>/<service>-<pid>.jsonl` (`configure`). The root's trainer opens a `rollout` span per rollout,
+`<dir>/<service>-<pid>.jsonl`; with `MGRPO_OTLP_ENDPOINT`, it sends them to that OpenTelemetry
+collector over OTLP/HTTP (`configure`). The root's trainer opens a `rollout` span per rollout,
 a `delegate` span per delegation's HTTP call, whose W3C `traceparent` header (`inject`) makes the
 callee's `episode` span (`extract`) a child in the same trace; `reward` and `update` spans cover a
 step's scoring and each role's update. Attributes: `mgrpo.job_id`, `mgrpo.step`, `mgrpo.role`,
@@ -35,22 +36,33 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer("mgrpo")
 
 
-def configure(service: str, trace_dir: Path | None) -> Path | None:
-    """Record this process's spans to `<trace_dir>/<service>-<pid>.jsonl` (once per process); returns
-    the file, or None when tracing stays off (`trace_dir` None) or was configured already."""
-    global _configured
-    if trace_dir is None:
+def provider_for(service: str, trace_dir: Path | None, otlp_endpoint: str = "") -> TracerProvider | None:
+    """A tracer provider exporting this process's spans to `<trace_dir>/<service>-<pid>.jsonl` and/or
+    an OTLP/HTTP collector (`otlp_endpoint`, e.g. http://otel-collector:4318); None when neither."""
+    if trace_dir is None and not otlp_endpoint:
         return None
-    with _lock:
-        if _configured:
-            return None
+    provider = TracerProvider(resource=Resource.create({"service.name": f"mgrpo-{service}"}))
+    if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
         path = trace_dir / f"{service}-{os.getpid()}.jsonl"
-        provider = TracerProvider(resource=Resource.create({"service.name": f"mgrpo-{service}"}))
         provider.add_span_processor(BatchSpanProcessor(_JsonLines(path), schedule_delay_millis=200))
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces", timeout=5)
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
+    return provider
+
+
+def configure(service: str, trace_dir: Path | None, otlp_endpoint: str = "") -> bool:
+    """Turn tracing on for this process (once; `provider_for`); returns whether it did."""
+    global _configured
+    with _lock:
+        if _configured or (provider := provider_for(service, trace_dir, otlp_endpoint)) is None:
+            return False
         trace.set_tracer_provider(provider)
         _configured = True
-        return path
+        return True
 
 
 def shutdown() -> None:

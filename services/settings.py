@@ -113,6 +113,11 @@ class Settings(BaseSettings):
         None,
         description="Write this service's OpenTelemetry spans (rollouts, delegations and the callees' episodes in one trace, rewards, updates) as JSON lines to <dir>/<service>-<pid>.jsonl; unset: no tracing.",
     )
+    otlp_endpoint: str = Field(
+        "",
+        max_length=1000,
+        description="Send this service's OpenTelemetry spans to this collector over OTLP/HTTP (e.g. http://otel-collector:4318; spans go to its /v1/traces); '' = not.",
+    )
     tracking_dir: Path = Field(
         Path("runs/tracking"),
         description="Where this trainer's experiment trackers write: tensorboard/<job id>/<role> event files and the default MLflow store (mlflow.db); give every trainer of a cluster the same shared folder to see their roles side by side.",

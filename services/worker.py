@@ -158,7 +158,7 @@ def trainer_lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings: Settings = app.state.settings
-        tracing.configure(role, settings.trace_dir)
+        tracing.configure(role, settings.trace_dir, settings.otlp_endpoint)
         store = Store.connect(
             settings.redis_url, wait_s=settings.redis_wait_s, job_retention_s=settings.job_retention_s
         )

@@ -1,18 +1,23 @@
 """The phase timer every trainer's step uses: the same phase names for every role (`wait_partner`,
 `rollout`, `align`, `reward`, `adv`, `update`, `checkpoint`, `exchange_redis`), reported as
 `timing/<phase>` for the root role and `timing/<role>_<phase>` for a callee role (one step's metrics
-of all roles share one row of `metrics.jsonl`)."""
+of all roles share one row of `metrics.jsonl`). Each phase is also a span of the step's trace
+(`mgrpo.tracing`, when tracing is on), `step/<phase>`, with the timer's attributes."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
+
+from mgrpo import tracing
 
 
 class PhaseTimer:
-    def __init__(self, prefix: str = "timing/") -> None:
-        self.prefix = prefix
+    def __init__(self, prefix: str = "timing/", **attrs: Any) -> None:
+        """`attrs`: the phase spans' attributes (`job_id`, `step`, `role`)."""
+        self.prefix, self.attrs = prefix, attrs
         self.seconds: dict[str, float] = {}
         self.t0 = time.perf_counter()
 
@@ -20,7 +25,8 @@ class PhaseTimer:
     def __call__(self, phase: str) -> Iterator[None]:
         t = time.perf_counter()
         try:
-            yield
+            with tracing.span(f"step/{phase}", **self.attrs):
+                yield
         finally:
             self.add(phase, time.perf_counter() - t)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from mgrpo import tracing
 from mgrpo.config import BUILTIN_TOOLS, ToolConfig
 
 MAX_RESULT_CHARS = 2000  # a longer tool result is cut (the context budget is the model's)
@@ -186,13 +187,15 @@ class ToolBox:
         tool = self.tools.get(name)
         if tool is None:
             return f"unknown tool {name!r}; tools: {', '.join(self.tools)}"
-        try:
-            result = tool(argument)
-            error = False
-        except ToolError as exc:
-            result, error = f"tool error: {exc}", True
-        except Exception as exc:  # a built-in that broke: the episode goes on, the error is counted
-            result, error = f"tool error: {name}: {type(exc).__name__}: {exc}", True
+        with tracing.span("tool", tool=name) as span:  # a child of the episode's span when tracing
+            try:
+                result = tool(argument)
+                error = False
+            except ToolError as exc:
+                result, error = f"tool error: {exc}", True
+            except Exception as exc:  # a built-in that broke: the episode goes on, the error is counted
+                result, error = f"tool error: {name}: {type(exc).__name__}: {exc}", True
+            span.set_attribute("mgrpo.tool_error", error)
         with self._lock:
             self.calls[name] += 1
             self.errors[name] += error

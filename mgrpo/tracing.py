@@ -47,7 +47,7 @@ def provider_for(service: str, trace_dir: Path | None, otlp_endpoint: str = "") 
         path = trace_dir / f"{service}-{os.getpid()}.jsonl"
         provider.add_span_processor(BatchSpanProcessor(_JsonLines(path), schedule_delay_millis=200))
     if otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # only when used
 
         exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces", timeout=5)
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))

@@ -90,7 +90,7 @@ class MlflowTracker:
         self, uri: str, experiment: str, job_id: str, role: str, config: Mapping[str, Any], lock: Path
     ) -> None:
         from mlflow import MlflowClient  # the `tracking` extra (mlflow-skinny, sqlalchemy, alembic)
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # the `tracking` extra
 
         with _file_lock(lock):  # the roles' services share one store: one creates the experiment
             self.client = MlflowClient(tracking_uri=uri)
@@ -112,7 +112,7 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # the `tracking` extra
 
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, step) for k, v in values.items()]

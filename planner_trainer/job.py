@@ -120,12 +120,12 @@ class PlannerJob(QuestionRoot):
         )
 
     def produce(self, step: int) -> Rollouts:
-        timer, r = PhaseTimer(), self.root
+        timer, r = PhaseTimer(job_id=self.job_id, step=step, role=self.root), self.root
         self.wait_bound(step, timer)
         questions = self.questions(step)
         with timer("rollout"):
             queries = self.roll_out(step, questions)
-        with timer("reward"), tracing.span("reward", job_id=self.job_id, step=step, role=r):
+        with timer("reward"):
             scores = self.queries.score(queries)
             samples = planner_samples(queries, r, self.model.engine.weights_version)
         rollouts = [x for q in queries for x in q.rollouts]

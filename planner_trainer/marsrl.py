@@ -59,7 +59,7 @@ class MarsRootJob(RootJob):
         return rng.sample(self.pool, self.cfg.prompts_per_step)
 
     def produce(self, step: int) -> Rollouts:
-        timer = PhaseTimer()
+        timer = PhaseTimer(job_id=self.job_id, step=step, role=self.root)
         self.wait_bound(step, timer)
         with timer("rollout"):
             attempts = rollout_step(self.problems(step), lambda *a: self._run(step, *a), self.settings, step)

@@ -132,7 +132,7 @@ class ProgramRootJob(QuestionRoot):
         return Rollout(tr)
 
     def produce(self, step: int) -> Rollouts:
-        timer, r = PhaseTimer(), self.root
+        timer, r = PhaseTimer(job_id=self.job_id, step=step, role=self.root), self.root
         self.wait_bound(step, timer)
         questions, errors_before, empty_before = (
             self.questions(step),

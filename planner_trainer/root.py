@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgrpo import tracing
 from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.records import Sample, Transcript
 from mgrpo.role_model import RoleModel
@@ -268,14 +267,15 @@ class RootJob:
         log.info(
             "job %s: step %d was published before a restart; training on it as it was", self.job_id, step
         )
-        return Rollouts(step, samples, PhaseTimer(), {**kept.values, f"{self.root}/step_reused": 1.0})
+        timer = PhaseTimer(job_id=self.job_id, step=step, role=self.root)
+        return Rollouts(step, samples, timer, {**kept.values, f"{self.root}/step_reused": 1.0})
 
     def train(self, rollouts: Rollouts) -> tuple[int, dict[str, float]]:
         """Train on one produced step; returns (step, the step's metrics)."""
         step, samples, timer, r = rollouts.step, rollouts.samples, rollouts.timer, self.root
         with timer("adv"):
             adv = assign_advantages(samples)
-        with timer("update"), tracing.span("update", job_id=self.job_id, step=step, role=r):
+        with timer("update"):
             metrics = self.model.update(samples, seed=step)
         with timer("checkpoint"):
             ckpt = self.model.save(step)

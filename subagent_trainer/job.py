@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mgrpo import tracing
 from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
 from mgrpo.agents.chat import (
@@ -180,7 +179,8 @@ class CalleeJob:
 
     def train_step(self, msg: StepMessage) -> int:
         """Train on one step's intake message; returns the policy version it produced."""
-        timer, r = PhaseTimer(f"timing/{self.role}_"), self.role
+        r = self.role
+        timer = PhaseTimer(f"timing/{r}_", job_id=self.job_id, step=msg.step, role=r)
         with timer("align"):
             samples, extra = self.assemble(msg, timer)
         with timer("adv"):
@@ -197,7 +197,7 @@ class CalleeJob:
                 dropped=len(dropped),
                 unaligned=len(handed - used),
             )
-        with timer("update"), tracing.span("update", job_id=self.job_id, step=msg.step, role=r):
+        with timer("update"):
             metrics = self.model.update(samples, seed=msg.step) if self.trains else {}
         with timer("checkpoint"):
             ckpt = self.model.save(msg.step, push=bool(metrics))

@@ -165,10 +165,14 @@ def test_each_rollout_is_one_trace_across_the_planner_and_the_subagent(tracked_j
             assert ep["attributes"]["mgrpo.query_id"] == r["attributes"]["mgrpo.query_id"]
         crossed += any(s["service"] == "mgrpo-subagent" for s in mine)
     assert crossed >= len(rollouts) // 2, f"only {crossed} of {len(rollouts)} rollouts reached the sub-agent"
-    updates = {(s["service"], s["attributes"]["mgrpo.step"]) for s in spans if s["name"] == "update"}
-    assert updates == {
-        (f"mgrpo-{r}", step) for r in ("planner", "subagent") for step in range(SMALL["steps"])
-    }
+    every = {(f"mgrpo-{r}", step) for r in ("planner", "subagent") for step in range(SMALL["steps"])}
+    for phase in ("update", "adv", "checkpoint", "exchange_redis"):  # each role's step phases
+        got = {(s["service"], s["attributes"]["mgrpo.step"]) for s in spans if s["name"] == f"step/{phase}"}
+        assert got == every, phase
+    episodes = {s["context"]["span_id"] for s in spans if s["name"] == "episode"}
+    tools = [s for s in spans_of(run_dir / "traces") if s["name"] == "tool"]
+    assert tools and all(t["parent_id"] in episodes for t in tools if t["service"] == "mgrpo-subagent")
+    assert {t["attributes"]["mgrpo.tool"] for t in tools} >= {"search"}
 
 
 def test_the_dashboards_queries_name_only_what_the_services_export(tracked_job):

@@ -74,11 +74,11 @@ class CalleeClient:
         with tracing.span(
             "delegate",
             kind="client",
-            job_id=body["job_id"],
-            step=body["step"],
+            job_id=body.get("job_id"),
+            step=body.get("step"),
             role=self.role,
-            query_id=body["query_id"],
-            rollout=body["rollout"],
+            query_id=body.get("query_id"),
+            rollout=body.get("rollout"),
         ):
             return self._episode(body, dict(tracing.inject({})))
 

@@ -31,6 +31,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +111,9 @@ def evaluate_checkpoint(job: JobConfig, planner: Path, subagent: Path | None, n:
     qids = [q.qid for q in qs]
     if len(set(qids)) != len(qids):
         raise RuntimeError("held-out questions repeat a question id: a per-question pairing would merge them")
-    greedy = {"stages": (2,), "temperatures": (0.0,), "n_questions": n}
+    greedy: dict[str, Any] = {"stages": (2,), "temperatures": (0.0,), "n_questions": n}
     if subagent is None:
-        single, outcomes = load(planner), []
+        single, outcomes = load(planner), list[float]()
         engine = HFEngine(*single)
         try:
             t1 = evaluate_single(
@@ -244,6 +245,28 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+PLATEAU_LADDER = (350, 700, 1400, 2800)  # SFT steps tried in turn by --plateau (each built from scratch)
+
+
+def plateau(
+    scores: Callable[[int], dict[str, float]], ladder: Sequence[int] = PLATEAU_LADDER
+) -> dict[str, Any]:
+    """The shortest warm start on `ladder` whose held-out success (`scores(steps)`: success per
+    question id) the next one does not beat by 2 paired SE: the warm start trained to its plateau.
+    Returns its steps and every rung's success and gain over the one before."""
+    rungs: list[dict[str, Any]] = []
+    previous = scores(ladder[0])
+    rungs.append({"steps": ladder[0], "success": sum(previous.values()) / len(previous)})
+    for steps in ladder[1:]:
+        now = scores(steps)
+        g = paired_by_question(previous, now)
+        rungs.append({"steps": steps, "success": g.after, "gain": g.gain, "se": g.se})
+        if g.gain < 2 * g.se:
+            return {"steps": rungs[-2]["steps"], "rungs": rungs}
+        previous = now
+    return {"steps": ladder[-1], "rungs": rungs, "capped": True}
+
+
 def compare_worlds(
     runs: list[dict[str, Any]], starts: dict[tuple[int, bool], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -290,6 +313,21 @@ def compare_worlds(
             )
             out["pooled"][f"{a} - {b}"] = {"worlds": list(per), "diff": d.gain, "se": d.se, "z": d.z}
     return out
+
+
+def find_plateau(world: int | None, args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """`plateau` of one world's warm start, each rung scored like the study's start (stage 2, T = 1)."""
+
+    def scores(steps: int) -> dict[str, float]:
+        job = job_for("co_train", 0, args, world).model_copy(update={"warmstart_steps": steps})
+        ws = cached_warmstart(job_spec(job).warmstart_config(), args.cache_dir)
+        out = evaluate_checkpoint(job, ws.planner_path, ws.subagent_path, args.eval_questions)
+        console.print(f"world {job.seed} warm start of {steps} SFT steps: {_cell_line(out)}")
+        return dict(out["by_question"])
+
+    found = plateau(scores)
+    console.print(f"world {world}: plateau at {found['steps']} SFT steps")
+    return found
 
 
 def _mean_of(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -339,6 +377,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 seed, 8 steps, 100 questions: about 15 minutes")
     ap.add_argument("--worlds", nargs="+", type=int, help="world seeds to repeat the study on (issue 43)")
+    ap.add_argument(
+        "--plateau",
+        action="store_true",
+        help="each world's warm start trained to its plateau (PLATEAU_LADDER of SFT steps; hours on 2 cores)",
+    )
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS)[:4])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=40)
@@ -356,7 +399,12 @@ def main() -> None:
     console = Console()
     starts: dict[tuple[int, bool], dict[str, Any]] = {}
     runs = []
+    plateaus: dict[int, dict[str, Any]] = {}
     for world in args.worlds or [None]:
+        if args.plateau:  # the arms then start from it (JobConfig.warmstart_steps)
+            plateaus[world or 0] = find_plateau(world, args, console)
+            args.set = [s for s in args.set if not s.startswith("warmstart_steps=")]
+            args.set.append(f"warmstart_steps={plateaus[world or 0]['steps']}")
         for seed in args.seeds:  # seed-major: a study cut short still has every arm of its first seeds
             for arm in args.arms:
                 job = job_for(arm, seed, args, world)
@@ -371,7 +419,7 @@ def main() -> None:
                     who = "single agent" if key[1] else "planner + sub-agent"
                     console.print(f"world {job.seed} warm start ({who}): {_cell_line(starts[key])}")
                 runs.append(run_one(arm, seed, args, starts[key], console, world))
-                results = {"runs": runs}
+                results: dict[str, Any] = {"runs": runs, "plateaus": plateaus}
                 results |= (
                     {"worlds": compare_worlds(runs, starts)} if args.worlds else {"table": summarise(runs)}
                 )

@@ -63,3 +63,27 @@ def test_an_arm_scored_on_other_questions_is_refused():
     runs = [run(1, "co_train", 0, {"a": 1.0, "b": 0.0}), run(1, "main_only", 0, {"a": 1.0, "c": 0.0})]
     with pytest.raises(ValueError, match="same questions"):
         compare_worlds(runs, {(1, False): start({"a": 0.0, "b": 0.0})})
+
+
+def test_the_plateau_is_the_last_warm_start_the_next_does_not_beat_by_two_paired_se():
+    from learning import plateau
+
+    n = 400
+    right = {f"q{i}": 1.0 for i in range(n)}
+
+    def at(share: float) -> dict[str, float]:  # the first share·n questions right
+        return {q: float(i < share * n) for i, q in enumerate(right)}
+
+    seen: list[int] = []
+
+    def scores(steps: int) -> dict[str, float]:
+        seen.append(steps)
+        return at({350: 0.20, 700: 0.30, 1400: 0.305, 2800: 0.40}[steps])
+
+    found = plateau(scores)
+    # 0.20 → 0.30: +0.10, far over 2 SE; 0.30 → 0.305: +0.005 with SE 0.0035, under 2 SE: stop at 700
+    assert found["steps"] == 700 and seen == [350, 700, 1400]
+    assert [r["steps"] for r in found["rungs"]] == [350, 700, 1400]
+    assert found["rungs"][1]["gain"] == pytest.approx(0.10)
+    rising = plateau(lambda steps: at(steps / 4000))  # never flattens on the ladder
+    assert rising["steps"] == 2800 and rising.get("capped")

@@ -102,15 +102,18 @@ def span(
 
 
 class _JsonLines(SpanExporter):
-    """A span exporter writing one compact JSON object per span (OpenTelemetry's own span JSON)."""
+    """A span exporter writing one compact JSON object per span: OpenTelemetry's span JSON fields
+    (`name`, `context.trace_id` / `span_id`, `parent_id`, `kind`, times in ns, `attributes`,
+    `resource.attributes`), written directly rather than through `ReadableSpan.to_json`, whose
+    indented text cost several times more per span."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = [json.dumps(_record(span)) for span in spans]
         with self.path.open("a") as f:
-            for span in spans:
-                f.write(json.dumps(json.loads(span.to_json())) + "\n")
+            f.write("".join(line + "\n" for line in lines))
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -118,3 +121,18 @@ class _JsonLines(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
+
+
+def _record(span: ReadableSpan) -> dict[str, Any]:
+    ctx, parent = span.get_span_context(), span.parent
+    ids = (0, 0) if ctx is None else (ctx.trace_id, ctx.span_id)
+    return {
+        "name": span.name,
+        "context": {"trace_id": f"0x{ids[0]:032x}", "span_id": f"0x{ids[1]:016x}"},
+        "parent_id": None if parent is None else f"0x{parent.span_id:016x}",
+        "kind": str(span.kind),
+        "start_time_ns": span.start_time,
+        "end_time_ns": span.end_time,
+        "attributes": dict(span.attributes or {}),
+        "resource": {"attributes": dict(span.resource.attributes)},
+    }

@@ -45,13 +45,22 @@ def provider_for(service: str, trace_dir: Path | None, otlp_endpoint: str = "") 
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
         path = trace_dir / f"{service}-{os.getpid()}.jsonl"
-        provider.add_span_processor(BatchSpanProcessor(_JsonLines(path), schedule_delay_millis=200))
+        provider.add_span_processor(_batches(_JsonLines(path), 200))
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # only when used
 
         exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces", timeout=5)
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
+        provider.add_span_processor(_batches(exporter, 1000))
     return provider
+
+
+def _batches(exporter: SpanExporter, every_ms: int) -> BatchSpanProcessor:
+    """Spans exported in batches every `every_ms`, with room for a burst: a step of the default job
+    ends a thousand or more spans within its rollout phase (tool calls, episodes), past the SDK's
+    default queue of 2,048 on a busy machine, which drops the rest."""
+    return BatchSpanProcessor(
+        exporter, max_queue_size=65_536, schedule_delay_millis=every_ms, max_export_batch_size=2_048
+    )
 
 
 def configure(service: str, trace_dir: Path | None, otlp_endpoint: str = "") -> bool:

@@ -137,11 +137,17 @@ def spans_of(traces: Path) -> list[dict]:
 
 
 def traced(traces: Path, job_id: str) -> tuple[list[dict], bool]:
-    """The job's rollout spans, and whether every delegate span has its episode span yet."""
-    spans = [s for s in spans_of(traces) if s["attributes"].get("mgrpo.job_id") == job_id]
+    """The job's rollout spans, and whether every delegate span has its episode span yet and every
+    tool span its parent (a child ends, and may be written, before its parent)."""
+    every = spans_of(traces)
+    spans = [s for s in every if s["attributes"].get("mgrpo.job_id") == job_id]
     delegates = {s["context"]["span_id"] for s in spans if s["name"] == "delegate"}
     children = {s["parent_id"] for s in spans if s["name"] == "episode"}
-    return [s for s in spans if s["name"] == "rollout"], bool(delegates) and delegates <= children
+    written = {s["context"]["span_id"] for s in every}
+    tools_parented = all(s["parent_id"] in written for s in every if s["name"] == "tool")
+    return [s for s in spans if s["name"] == "rollout"], bool(
+        delegates
+    ) and delegates <= children and tools_parented
 
 
 def test_each_rollout_is_one_trace_across_the_planner_and_the_subagent(tracked_job):

@@ -48,15 +48,17 @@ def expected(records: list[dict]) -> dict[str, dict[str, set[int]]]:
 
 
 @pytest.fixture(scope="module")
-def tracked_job(tmp_path_factory, redis_url):
+def tracked_job(tmp_path_factory):
     """One short co_train job with both trackers and traces on: (its run folder, job id, metrics
     records, events)."""
     tmp_path = tmp_path_factory.mktemp("tracked")
-    store = Store.connect(redis_url)
     cached_warmstart(job_spec(JobConfig()).warmstart_config(), CACHE)
     traces = tmp_path / "traces"
     env = {"MGRPO_CACHE_DIR": str(CACHE), "MGRPO_TRACE_DIR": str(traces)}
-    with LocalCluster(tmp_path, redis_url=redis_url, api_token=TOKEN, extra_env=env) as cluster:
+    # a Redis of its own: the session's shared one may still hold other modules' queued jobs, which
+    # these trainers would run too (their spans and records are not this job's)
+    with LocalCluster(tmp_path, api_token=TOKEN, extra_env=env) as cluster:
+        store = Store.connect(cluster.redis_url)
         controller = cluster.url("controller")
         refused = httpx.post(
             f"{controller}/v1/jobs",
@@ -176,7 +178,10 @@ def test_each_rollout_is_one_trace_across_the_planner_and_the_subagent(tracked_j
         got = {(s["service"], s["attributes"]["mgrpo.step"]) for s in spans if s["name"] == f"step/{phase}"}
         assert got == every, phase
     episodes = {s["context"]["span_id"] for s in spans if s["name"] == "episode"}
-    tools = [s for s in spans_of(run_dir / "traces") if s["name"] == "tool"]
+    traces = {r["context"]["trace_id"] for r in rollouts}
+    tools = [
+        s for s in spans_of(run_dir / "traces") if s["name"] == "tool" and s["context"]["trace_id"] in traces
+    ]
     assert tools and all(t["parent_id"] in episodes for t in tools if t["service"] == "mgrpo-subagent")
     assert {t["attributes"]["mgrpo.tool"] for t in tools} >= {"search"}
 

@@ -13,7 +13,7 @@ import it.
 from __future__ import annotations
 
 import string
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -282,8 +282,8 @@ _LEGACY = {
 }
 
 
-TRACKERS = ("tensorboard", "mlflow", "wandb")
 TrackerName = Literal["tensorboard", "mlflow", "wandb"]
+TRACKERS: tuple[str, ...] = get_args(TrackerName)
 
 
 class TrackerConfig(_Strict):

@@ -4,9 +4,10 @@ With `MGRPO_TRACE_DIR` set, every service process writes its spans as JSON lines
 `<dir>/<service>-<pid>.jsonl`; with `MGRPO_OTLP_ENDPOINT`, it sends them to that OpenTelemetry
 collector over OTLP/HTTP (`configure`). The root's trainer opens a `rollout` span per rollout,
 a `delegate` span per delegation's HTTP call, whose W3C `traceparent` header (`inject`) makes the
-callee's `episode` span (`extract`) a child in the same trace; `reward` and `update` spans cover a
-step's scoring and each role's update. Attributes: `mgrpo.job_id`, `mgrpo.step`, `mgrpo.role`,
-`mgrpo.query_id`, `mgrpo.rollout`, `mgrpo.policy_version`.
+callee's `episode` span (`extract`) a child in the same trace, each tool call a `tool` span under it;
+every phase of every role's step is a `step/<phase>` span (`mgrpo.timing.PhaseTimer`). Attributes:
+`mgrpo.job_id`, `mgrpo.step`, `mgrpo.role`, `mgrpo.query_id`, `mgrpo.rollout`,
+`mgrpo.policy_version`, `mgrpo.tool`.
 
 Without a configured provider the spans are OpenTelemetry's no-op ones: nothing is recorded or sent.
 """

@@ -96,17 +96,16 @@ class MlflowTracker:
             self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
             exp = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.where = f"mlflow {uri} (experiment {experiment}, run {job_id}/{role})"
         runs = self.client.search_runs(
             [exp], f"tags.job_id = '{job_id}' and tags.role = '{role}'", max_results=1
         )
         if runs:  # a resumed job: its run goes on
             self.run_id = runs[0].info.run_id
-            self.where = f"mlflow {uri} (experiment {experiment}, run {job_id}/{role})"
             self.client.update_run(self.run_id, status="RUNNING")
             return
         run = self.client.create_run(exp, run_name=f"{job_id}/{role}", tags={"job_id": job_id, "role": role})
         self.run_id = run.info.run_id
-        self.where = f"mlflow {uri} (experiment {experiment}, run {job_id}/{role})"
         params = [Param(k, v[:6000]) for k, v in flat_params(config).items()]
         for i in range(0, len(params), 100):  # the store takes at most 100 parameters a call
             self.client.log_batch(self.run_id, params=params[i : i + 100])
@@ -210,10 +209,6 @@ class Trackers:
         self._thread = threading.Thread(target=self._run, name="trackers", daemon=True)
         if self._opens:
             self._thread.start()
-
-    @classmethod
-    def none(cls) -> Trackers:
-        return cls({}, lambda _: None)
 
     def log(self, step: int, values: Mapping[str, float | None]) -> None:
         if not self._opens:

@@ -47,7 +47,7 @@ class QuestionRoot(RootJob):
             root=self.root,
             device=self.placement.device,
             emit=self.emit,
-            warn=self.event,
+            event=self.event,
         )
 
     def questions(self, step: int) -> list[Question]:

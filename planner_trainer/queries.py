@@ -45,12 +45,12 @@ class Queries:
         root: str,
         device: Any,
         emit: Callable[[MetricsEvent], None],
-        warn: Callable[[str], None],
+        event: Callable[[str], None],
     ) -> None:
-        """`root`: the role whose answers are scored; `emit` publishes the evaluation's record, `warn`
-        an event (`RootJob.emit`, `RootJob.warn`)."""
+        """`root`: the role whose answers are scored; `emit` publishes the evaluation's record, `event`
+        a line in the job's events (`RootJob.emit`, `RootJob.event`)."""
         self.store, self.job_id, self.cfg, self.task, self.root = store, job_id, cfg, task, root
-        self.emit, self.warn = emit, warn
+        self.emit, self.event = emit, event
         self.scorer = Scorer(cfg.reward, device=device)
         self.pool, self.held_out = self._dataset()
 
@@ -84,7 +84,7 @@ class Queries:
         for (_, r), v in zip(scored, scores.values, strict=True):
             r.correct = v
         for message in scores.messages:
-            self.warn(message)
+            self.event(message)
         return Scores([r.correct for _, r in rollouts], scores.rejected, scores.errors, scores.messages)
 
     def evaluate(self, rollout: Callable[[str, Question], Transcript]) -> dict[str, float]:

@@ -43,7 +43,7 @@ from planner_trainer.partners import wait_applied
 from shared_store import EpisodeArrays, Store
 from shared_store.jobs import JobCancelled
 from shared_store.schemas import MetricsEvent, PolicyVersion, RootSampleMeta, StepMessage
-from shared_store.streams import publish_metrics
+from shared_store.streams import publish_event, publish_metrics
 
 log = logging.getLogger("mgrpo.root")
 ROLLOUT_THREADS = 128  # a step's episodes in flight at once (more wait for a free thread)
@@ -312,10 +312,7 @@ class RootJob:
     def event(self, message: str) -> None:
         """A line in the job's events and this service's log (a rejected reward, a tracker's news)."""
         log.info("job %s: %s", self.job_id, message)
-        publish_metrics(
-            self.store.client,
-            MetricsEvent(job_id=self.job_id, step=-1, role=self.root, kind="event", message=message),
-        )
+        publish_event(self.store.client, self.job_id, self.root, message)
 
     def close(self) -> None:
         self.trackers.close()

@@ -27,7 +27,7 @@ from shared_store import Store, keys
 from shared_store.datasets import DatasetNotFoundError
 from shared_store.jobs import JobConflictError, JobNotFoundError
 from shared_store.schemas import TERMINAL, DatasetInfo, JobRecord, MetricsEvent, decode
-from shared_store.streams import publish_metrics
+from shared_store.streams import publish_event
 
 
 @asynccontextmanager
@@ -293,10 +293,7 @@ def create_job(
             f"no trainer serves role(s) {', '.join(missing)} yet: the job fails unless one starts within "
             f"{settings.queue_timeout_s:.0f} s (MGRPO_QUEUE_TIMEOUT_S)"
         )
-        publish_metrics(
-            store.client,
-            MetricsEvent(job_id=record.job_id, step=-1, role="controller", kind="event", message=message),
-        )
+        publish_event(store.client, record.job_id, "controller", message)
     return job_view(store, record)
 
 

@@ -78,6 +78,11 @@ def publish_metrics(client: redis.Redis, event: MetricsEvent) -> None:
     pipe.execute()
 
 
+def publish_event(client: redis.Redis, job_id: str, role: str, message: str) -> None:
+    """A line in the job's events (not a step's metrics): what the SSE stream and the CLI show."""
+    publish_metrics(client, MetricsEvent(job_id=job_id, step=-1, role=role, kind="event", message=message))
+
+
 def trim_through_step(client: redis.Redis, stream_key: str, step: int, *, page: int = 64) -> int:
     """Delete a step stream's oldest entries while their message's step is <= `step`; returns how many
     went. XTRIM MINID just past the last such entry, so an entry added meanwhile is never touched; an

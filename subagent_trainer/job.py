@@ -57,7 +57,7 @@ from shared_store.schemas import (
     RoleBatch,
     StepMessage,
 )
-from shared_store.streams import StreamConsumer, consume_once, publish_metrics
+from shared_store.streams import StreamConsumer, consume_once, publish_event, publish_metrics
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,7 @@ class CalleeJob:
 
     def event(self, message: str) -> None:
         """A line in the job's events (a tracker's news)."""
-        event = MetricsEvent(job_id=self.job_id, step=-1, role=self.role, kind="event", message=message)
-        publish_metrics(self.store.client, event)
+        publish_event(self.store.client, self.job_id, self.role, message)
 
     def close(self) -> None:
         self.trackers.close()

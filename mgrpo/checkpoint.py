@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard, cast
+from typing import Any, Protocol, TypeGuard, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -30,12 +30,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from mgrpo.retention import retained
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 SHARDED = "optimizer"  # a checkpoint's folder of DCP optimizer shards
+
+
+class Saves(Protocol):
+    """A model the checkpoint writes with its own `save_pretrained`: an HF model (the whole model) or
+    a peft model (its adapter folder, `mgrpo.lora`)."""
+
+    def save_pretrained(self, save_directory: Any, /, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class CheckpointInfo:
 
 def save_checkpoint(
     root: Path,
-    model: PreTrainedModel,
+    model: Saves,
     tokenizer: PreTrainedTokenizerBase,
     optimizer_state: dict[str, Any] | None,
     *,
@@ -56,12 +63,13 @@ def save_checkpoint(
     keep: int = 2,
     keep_every_steps: int = 0,
     write_optimizer: Callable[[Path], None] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
     """Write `root/step-<step>` atomically; keep the newest `keep` checkpoints and, when
     `keep_every_steps` > 0, every checkpoint whose step count (step + 1) is a multiple of it.
     `optimizer_state`: FQN-keyed and full (`optimizer_state`, or a sharded policy's gathered one);
     or None and `write_optimizer(folder)`, which writes the shards (every rank) into the checkpoint
-    before it is complete."""
+    before it is complete. `meta`: more of what `mgrpo.json` records (`checkpoint_meta` reads it back)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".step-{step:06d}.partial"
@@ -75,7 +83,7 @@ def save_checkpoint(
         {"optimizer": optimizer_state, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
         tmp / "trainer_state.pt",
     )
-    (tmp / "mgrpo.json").write_text(json.dumps({"step": step, "version": version}))
+    (tmp / "mgrpo.json").write_text(json.dumps({**(meta or {}), "step": step, "version": version}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     folders = {int(p.name.removeprefix("step-")): p for p in root.glob("step-*")}
@@ -96,6 +104,11 @@ def latest_checkpoint(root: Path, *, step: int | None = None) -> CheckpointInfo 
         if step is None or info["step"] == step:
             return CheckpointInfo(path, int(info["step"]), int(info["version"]))
     return None
+
+
+def checkpoint_meta(info: CheckpointInfo) -> dict[str, Any]:
+    """Everything a checkpoint's `mgrpo.json` records (step, version, and the writer's `meta`)."""
+    return cast(dict[str, Any], json.loads((info.path / "mgrpo.json").read_text()))
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -138,6 +138,30 @@ class ToolConfig(_Strict):
         return self
 
 
+class LoraSpec(_Strict):
+    """A LoRA adapter the role trains on its frozen base model (mgrpo/lora.py, with peft)."""
+
+    rank: int = Field(8, ge=1, le=1024, description="r: the rank of each adapted layer's update B·A.")
+    alpha: float = Field(
+        16.0, gt=0, le=65536, description="lora_alpha: the update is scaled by alpha / rank."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="lora_dropout on the adapter's input while training.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="The layers adapted: 'all-linear' (every linear layer but the output head), or module names such as [q_proj, v_proj] (a name matches a module whose name ends with it).",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and not (
+            0 < len(v) <= 64
+            and all(n and len(n) <= 128 and n.replace("_", "").replace(".", "").isalnum() for n in v)
+        ):
+            raise ValueError("give 1 to 64 module names of letters, digits, '_' and '.', or 'all-linear'")
+        return v
+
+
 class RoleConfig(_Strict):
     """One role of the job's workflow: its model, its update, or the role whose model it shares."""
 
@@ -156,6 +180,10 @@ class RoleConfig(_Strict):
     share_model_with: str | None = Field(
         None,
         description="Train this role's samples with the root role's model in the root's trainer (MarsRL's one policy for every role) instead of a model and trainer of its own.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train a LoRA adapter on the role's model, frozen, instead of all its weights (one process, the hf engine; checkpoints are peft adapter folders).",
     )
 
 

@@ -107,13 +107,37 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str |
 
 
 def load(path_or_name: str | Path, **kwargs: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load a causal LM and its tokenizer with `from_pretrained` (a local folder, or a hub name where reachable)."""
+    """Load a causal LM and its tokenizer with `from_pretrained` (a local folder, or a hub name where
+    reachable). A peft adapter folder (a LoRA role's checkpoint, `mgrpo.lora`) loads as its base with
+    the adapter merged in: a plain model, as every reader of checkpoints expects."""
+    source = str(path_or_name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path_or_name), **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(str(path_or_name), padding_side="left")
+        model: PreTrainedModel = (
+            _merged_adapter(source, **kwargs)
+            if (Path(source) / ADAPTER_CONFIG).is_file()
+            else AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        )
+        tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
     except OSError as exc:
-        raise ValueError(f"cannot load a model from {str(path_or_name)!r}: {exc}") from exc
-    return cast(PreTrainedModel, model), cast(PreTrainedTokenizerFast, tokenizer)
+        raise ValueError(f"cannot load a model from {source!r}: {exc}") from exc
+    return model, cast(PreTrainedTokenizerFast, tokenizer)
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a folder a peft adapter
+
+
+def _merged_adapter(folder: str, **kwargs: Any) -> PreTrainedModel:
+    """An adapter folder's base (its `base_model_name_or_path`) with the adapter merged into it."""
+    from peft import PeftConfig, PeftModel  # peft costs a second at import: only where an adapter is
+
+    base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
+    if not base_path:
+        raise ValueError(
+            f"adapter folder {folder} names no base model (adapter_config.json's base_model_name_or_path)"
+        )
+    base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+    merged: PreTrainedModel = PeftModel.from_pretrained(base, folder).merge_and_unload()
+    return merged
 
 
 def place(model: PreTrainedModel, device: torch.device | str) -> PreTrainedModel:

@@ -14,7 +14,12 @@ On W ranks (the service started under torchrun, `mgrpo.parallel`): this object l
 keeps the full model the engine and the checkpoints use; the update runs on the policy held by all
 ranks (FSDP2 shards, or megatron-core tensor parallel with `MGRPO_BACKEND=megatron`; the KL
 reference sharded alike), and its gathered weights are loaded back into the full model after every
-update (the weight sync, `weight_sync_s` per update). W = 1 trains `model` itself, as always."""
+update (the weight sync, `weight_sync_s` per update). W = 1 trains `model` itself, as always.
+
+A LoRA role (`roles.<r>.lora`, `mgrpo.lora`): `model` is the frozen base with the adapter's layers in
+it, the optimizer holds the adapter only, the engine samples from `served` (base + adapter merged after
+every update: `weight_sync_s`, and `adapter_bytes`, what a remote engine would take), the KL reference
+is the base with the adapter off, and checkpoints are peft adapter folders. One process, hf engine."""
 
 from __future__ import annotations
 
@@ -22,14 +27,16 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import torch
+from transformers import PreTrainedModel
 
 from mgrpo.checkpoint import (
     CheckpointInfo,
+    checkpoint_meta,
     full_optimizer_state,
     is_sharded,
     latest_checkpoint,
@@ -41,6 +48,7 @@ from mgrpo.checkpoint import (
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.replicas import ReplicatedEngine
 from mgrpo.engines.sglang import SGLangEngine
+from mgrpo.lora import Adapter
 from mgrpo.models import load, place
 from mgrpo.parallel.group import joined_world
 from mgrpo.parallel.ranks import RankGroup
@@ -71,6 +79,20 @@ def _yielding(on: bool) -> Iterator[None]:
             os.setpriority(os.PRIO_PROCESS, tid, before)
 
 
+def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
+    """A LoRA role trains in one process and rolls out with the in-process hf engine (for now)."""
+    if world > 1 or placement.ranks is not None:
+        raise ValueError(
+            f"roles.{role}.lora: a LoRA role trains in one process; start its trainer without torchrun "
+            f"(this one runs on {world} ranks), or drop lora to train all its weights on them"
+        )
+    if placement.sglang_url:
+        raise ValueError(
+            f"roles.{role}.lora: a LoRA role rolls out with the in-process hf engine; start its trainer "
+            "without MGRPO_SGLANG_URL, or drop lora to roll out on SGLang"
+        )
+
+
 def _broadcasts(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
     """Whether the engine's servers take each policy by broadcast (else from the checkpoint folder)."""
     return isinstance(engine, SGLangEngine | ReplicatedEngine) and engine.weight_sync == "distributed"
@@ -97,15 +119,35 @@ class RoleModel:
             placement.checkpoint_dir / job_id / role,
         )
         resume = latest_checkpoint(self.ckpt_root, step=last_step) if last_step >= 0 else None
+        lora = job.lora_of(role)
+        self.world, self.ranks = joined_world(), placement.ranks
+        if lora is not None:
+            _check_lora_placement(role, placement, self.world)
         source = (
-            str(resume.path) if resume else role_model_source(job, role, placement.cache_dir, placement.stop)
+            str(resume.path)
+            if resume and lora is None  # a LoRA role's checkpoint holds its adapter: the base is loaded
+            else role_model_source(job, role, placement.cache_dir, placement.stop)
         )
         model, self.tokenizer = load(source)
-        self.model = place(model, placement.device).eval()
+        model = place(model, placement.device).eval()
+        self.adapter: Adapter | None = None
+        if lora is not None:
+            self.adapter = Adapter(
+                model, lora, base_path=source, resume=resume.path if resume else None, seed=job.cfg.seed
+            )
+            if resume:
+                self.adapter.check_base(checkpoint_meta(resume), resume.path)
+            model = self.adapter.model
+        self.model = model
         optim = job.optim_of(role)
         state = restore_trainer_state(resume) if resume else None
-        self.world, self.ranks = joined_world(), placement.ranks
-        self.ref_model = reference_model(job, role, placement.cache_dir, placement.device)
+        self.ref_model: PreTrainedModel | Callable[..., Any] | None = (
+            reference_model(job, role, placement.cache_dir, placement.device)
+            if self.adapter is None
+            else self.adapter.reference
+            if optim.kl_coef > 0
+            else None
+        )
         if self.world > 1:
             if is_sharded(state) and not self.group.shards_optimizer():  # shards this group cannot read
                 state = full_optimizer_state(self.model, state)
@@ -116,13 +158,15 @@ class RoleModel:
                 with_ref=self.ref_model is not None,
                 local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model},
             )
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, weight_decay=0.0)
+        trained = self.adapter.trainable() if self.adapter else self.model.parameters()
+        self.optimizer = torch.optim.AdamW(trained, lr=optim.lr, weight_decay=0.0)
         if state is not None and self.world == 1:
             load_optimizer_state(self.model, self.optimizer, state)
         self.version = resume.version if resume else 0
         self.start_step = last_step + 1
+        self.served = self.adapter.merged if self.adapter else self.model  # the weights rollouts sample from
         self.engine = rollout_engine(
-            self.model,
+            self.served,
             self.tokenizer,
             placement.sglang_url,
             weights=source,
@@ -180,11 +224,16 @@ class RoleModel:
                     ref_model=self.ref_model,
                     version=self.version,
                 )
+            if self.adapter is not None:  # base + adapter into the weights the engine samples from
+                t0 = time.perf_counter()
+                self.adapter.merge()
+                metrics["weight_sync_s"] = time.perf_counter() - t0
+                metrics["adapter_bytes"] = float(self.adapter.bytes)
             self.version += 1
             if self.engine.shares_weights:
                 self.engine.weights_version = self.version
         if isinstance(self.engine, HFEngine) and not self.engine.shares_weights:
-            self.engine.push_weights(self.model, self.version)
+            self.engine.push_weights(self.served, self.version)
         elif _broadcasts(self.engine):
             t0 = time.perf_counter()
             self.engine.push_weights(self.model, self.version)
@@ -222,13 +271,14 @@ class RoleModel:
             state = self.group.call("optimizer_state")
         ckpt = save_checkpoint(
             self.ckpt_root,
-            self.model,
+            self.adapter.peft if self.adapter else self.model,  # a LoRA role: peft's adapter folder
             self.tokenizer,
             state,
             step=step,
             version=self.version,
             keep_every_steps=self.job.cfg.checkpoint_keep_every_steps,
             write_optimizer=write,
+            meta=self.adapter.meta() if self.adapter else None,
         )
         if (
             push

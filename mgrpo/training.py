@@ -81,14 +81,15 @@ def ppo_update(
     *,
     pad_id: int,
     seed: int = 0,
-    ref_model: PreTrainedModel | None = None,
+    ref_model: PreTrainedModel | Callable[..., Any] | None = None,
     version: int | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
     """Run `ppo_epochs` passes of minibatch updates on `samples` (advantages filled); returns mean
     metrics (loss, clip_frac, approx_kl, grad_norm, tokens; kl_ref with a `ref_model`; is_weight_mean,
     is_capped_frac when any sample is stale). Samples whose advantage is 0 still count (they are real
-    group members). `ref_model` (frozen) is needed when `settings.kl_coef` > 0. `version`: the policy
+    group members). `ref_model` (frozen; a model or its forward, e.g. a LoRA role's base with the adapter
+    off) is needed when `settings.kl_coef` > 0. `version`: the policy
     version being trained; a sample whose `policy_version` is older is stale (None: none is).
     `shard`: (rank, world) of a data-parallel update (module docstring); every rank gets the same
     metrics."""
@@ -227,7 +228,7 @@ def _minibatch(
     batch_samples: list[Sample],
     s: UpdateSettings,
     pad_id: int,
-    ref_model: PreTrainedModel | None,
+    ref_model: PreTrainedModel | Callable[..., Any] | None,
     prox: list[Prox] | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, float]:
@@ -322,7 +323,7 @@ def _loss(
     part: list[Sample],
     s: UpdateSettings,
     pad_id: int,
-    ref_model: PreTrainedModel | None,
+    ref_model: PreTrainedModel | Callable[..., Any] | None,
     prox: list[Prox] | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch's loss over its own denominator, and its metrics."""
@@ -346,12 +347,14 @@ def _with_own(
     return torch.where(own.unsqueeze(-1), logp.detach(), logp_prox)
 
 
-def _logprobs(model: PreTrainedModel, batch: TokenBatch, s: UpdateSettings) -> torch.Tensor:
+def _logprobs(
+    model: PreTrainedModel | Callable[..., Any], batch: TokenBatch, s: UpdateSettings
+) -> torch.Tensor:
     """Teacher-forced log-probs (B, T-1) of a batch for the loss: each shared prompt run once
     (`mgrpo.shared_prefix`; 0 before a row's first trained target) where the settings and the model
     allow it — a plain HF model in one process, not compiled — else `token_logprobs` of the whole rows
     (through the compiled forward with `compile`)."""
-    if s.compile:
+    if s.compile and isinstance(model, PreTrainedModel):
         return token_logprobs(
             compiled_forward(model), batch.input_ids, batch.attention_mask, temperature=s.temperature
         )

@@ -121,6 +121,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "models and training",
         (
             "mgrpo.models",
+            "mgrpo.lora",
             "mgrpo.checkpoint",
             "mgrpo.batching",
             "mgrpo.shared_prefix",

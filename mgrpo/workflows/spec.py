@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from mgrpo.config import (
     BUILTIN_TOOLS,
     JobConfig,
+    LoraSpec,
     ModelSpec,
     OptimConfig,
     RewardConfig,
@@ -123,6 +124,10 @@ class JobSpec:
     def optim_of(self, role: str) -> OptimConfig:
         return self.role(role).optim
 
+    def lora_of(self, role: str) -> LoraSpec | None:
+        """The adapter the role trains on its frozen model (None: it trains all the weights)."""
+        return self.role(role).lora
+
     def tools_of(self, role: str) -> list[ToolConfig]:
         """The role's tools: its `tools`, or its workflow's built-ins for it (in the flow that runs)."""
         own = self.role(role).tools
@@ -195,6 +200,11 @@ def _roles(spec: JobSpec) -> None:
             )
         if rc.share_model_with is None:
             continue
+        if rc.lora is not None:
+            raise JobConfigError(
+                ("roles", name, "lora"),
+                f"roles.{name}.lora: the role trains with {rc.share_model_with}'s model; give the adapter there",
+            )
         where = ("roles", name, "share_model_with")
         if not wf.shares_root_model:
             raise JobConfigError(

@@ -1,0 +1,150 @@
+"""LoRA roles: a role trains an adapter on its frozen base model (`roles.<r>.lora`, with peft).
+
+`Adapter` wraps the role's base model. peft puts A and B beside each adapted layer; the base's tensors
+are frozen and never reach the optimizer. The role trains `model`, the same Hugging Face model object
+with the LoRA layers inside, so every path of the update (micro-batches, the shared-prefix forward,
+compile) runs as for a full model. Rollouts sample from `merged`: a plain copy of the base whose
+adapted layers hold W + (alpha / r)·B·A after each `merge()` (the hf engine's static decoder reads
+weights by attribute, which would bypass an unmerged LoRA layer). The KL reference is the base itself
+with the adapter switched off (`reference`), not a second copy.
+
+Checkpoints are peft adapter folders (`save`: adapter_config.json naming the base's path,
+adapter_model.safetensors), which `peft.PeftModel.from_pretrained`, transformers and SGLang's LoRA
+loading read, and which `mgrpo.models.load` loads merged. The checkpoint's `mgrpo.json` records the
+base's path and sha256 (`meta`); a resume onto another base is refused (`check_base`)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from transformers import PreTrainedModel
+
+from mgrpo.config import LoraSpec
+
+if TYPE_CHECKING:  # peft costs two seconds at import: every trainer would pay it, not only LoRA roles'
+    from peft import LoraConfig, PeftModel
+
+ADAPTER = "default"  # peft's name of a model's one adapter
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+_NO_LAYER = (
+    "lora.target_modules {!r} matches no linear layer of the model: name its layers (e.g. q_proj, "
+    "v_proj) or give 'all-linear'"
+)
+
+
+def peft_config(spec: LoraSpec) -> LoraConfig:
+    """peft's config of a role's `lora` (the output head is never adapted: it is tied to the embeddings)."""
+    from peft import LoraConfig  # peft's import costs two seconds: only where a role has an adapter
+
+    return LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int, computes alpha / r in floats
+        lora_dropout=spec.dropout,
+        target_modules=spec.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def weights_sha256(path: str | Path) -> str:
+    """The sha256 of a model folder's weight files (names and bytes, in name order): which base an
+    adapter was trained on. '' for a name that is not a local folder (a hub model)."""
+    folder = Path(path)
+    files = sorted(f for pattern in WEIGHT_FILES for f in folder.glob(pattern)) if folder.is_dir() else []
+    if not files:
+        return ""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode())
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Adapter:
+    def __init__(
+        self,
+        base: PreTrainedModel,
+        spec: LoraSpec,
+        *,
+        base_path: str,
+        resume: Path | None = None,
+        seed: int = 0,
+    ) -> None:
+        """`base`: the role's starting model, loaded from `base_path`; the adapter is new (its A drawn
+        with `seed`, B = 0, so the role starts as the base) or the one of a checkpoint (`resume`)."""
+        from peft import PeftModel, get_peft_model  # two seconds at import: LoRA roles only
+        from peft.tuners.lora import LoraLayer  # ditto
+
+        self.spec, self.base_path = spec, base_path
+        self.base_sha256 = weights_sha256(base_path)
+        self.merged = _plain_copy(base)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            try:
+                self.peft: PeftModel = (
+                    cast(PeftModel, get_peft_model(base, peft_config(spec), adapter_name=ADAPTER))
+                    if resume is None
+                    else PeftModel.from_pretrained(base, str(resume), is_trainable=True)
+                )
+            except ValueError as exc:  # peft's "Target modules … not found in the base model"
+                raise ValueError(f"{_NO_LAYER.format(spec.target_modules)} ({exc})") from None
+        self.peft.peft_config[ADAPTER].base_model_name_or_path = base_path
+        self.model = cast(PreTrainedModel, self.peft.get_base_model())
+        self.layers: dict[str, Any] = {
+            n: m for n, m in self.model.named_modules() if isinstance(m, LoraLayer)
+        }
+        if not self.layers:
+            raise ValueError(_NO_LAYER.format(spec.target_modules))
+        self.merge()
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The adapter's parameters: all that the optimizer holds."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def bytes(self) -> int:
+        """The adapter's size: what a sync to a remote engine moves per update (the full model's, merged)."""
+        return sum(p.numel() * p.element_size() for p in self.trainable())
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """Write base + adapter into `merged`'s adapted layers (the rollout engine's weights)."""
+        for name, layer in self.layers.items():
+            target = cast(torch.Tensor, self.merged.get_submodule(name).weight)
+            base: torch.Tensor = layer.get_base_layer().weight
+            target.copy_(base + layer.get_delta_weight(ADAPTER).to(base.dtype))
+
+    def reference(self, **inputs: Any) -> Any:
+        """The base model's forward (the adapter off): the KL penalty's frozen starting model."""
+        with self.peft.disable_adapter():
+            return self.model(**inputs)
+
+    def save(self, folder: Path) -> None:
+        """peft's adapter folder (adapter_config.json, adapter_model.safetensors)."""
+        self.peft.save_pretrained(str(folder))
+
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint records of the base (`check_base` compares it on resume)."""
+        return {"lora_base": {"path": self.base_path, "sha256": self.base_sha256}}
+
+    def check_base(self, meta: dict[str, Any], checkpoint: Path) -> None:
+        """Refuse to resume an adapter onto a base other than the one it was trained on."""
+        recorded = meta.get("lora_base", {}).get("sha256", "")
+        if recorded and self.base_sha256 and recorded != self.base_sha256:
+            raise RuntimeError(
+                f"checkpoint {checkpoint} holds an adapter trained on a base with weights sha256 "
+                f"{recorded[:16]}…, but {self.base_path} now has {self.base_sha256[:16]}…: restore that "
+                "base, or start the job again under a new id"
+            )
+
+
+def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """An inference copy of the base (eval, no gradients) before peft changes it."""
+    clone = copy.deepcopy(model)
+    return clone.eval().requires_grad_(False)

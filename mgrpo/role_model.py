@@ -79,6 +79,22 @@ def _yielding(on: bool) -> Iterator[None]:
             os.setpriority(os.PRIO_PROCESS, tid, before)
 
 
+def _start_note(
+    role: str, resume: CheckpointInfo | None, adapter: Adapter | None, shown: Callable[[Path], str]
+) -> str:
+    """What a trainer says of how its role's model started: resumed (from which checkpoint), and a
+    LoRA role's adapter ('' when it started fresh with all its weights trained)."""
+    parts = [f"{role} resumed at step {resume.step + 1} from {shown(resume.path)}"] if resume else []
+    if adapter is not None:
+        trained = sum(p.numel() for p in adapter.trainable())
+        total = sum(p.numel() for p in adapter.model.parameters())
+        parts.append(
+            f"{role} trains a LoRA adapter (rank {adapter.spec.rank}, {trained:,} of {total:,} parameters, "
+            f"{100 * trained / total:.1f}%) on {adapter.base_path}"
+        )
+    return "; ".join(parts)
+
+
 def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
     """A LoRA role trains in one process and rolls out with the in-process hf engine (for now)."""
     if world > 1 or placement.ranks is not None:
@@ -177,6 +193,7 @@ class RoleModel:
         )
         self.model_spec = job.model_of(role)
         self.settings = UpdateSettings.of(optim, self.model_spec.temperature)
+        self.start_note = _start_note(role, resume, self.adapter, self.shown)
 
     @property
     def group(self) -> RankGroup:

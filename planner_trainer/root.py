@@ -94,6 +94,8 @@ class RootJob:
         self.trackers = open_trackers(
             job.cfg, job_id, self.root, placement=placement, start_step=self.start_step, report=self.event
         )
+        if self.model.start_note:
+            self.event(self.model.start_note)
         store.policies.publish(
             PolicyVersion(job_id=job_id, role=self.root, version=self.model.version, step=last)
         )

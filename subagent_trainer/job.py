@@ -83,6 +83,8 @@ class CalleeJob:
         self.trackers = open_trackers(
             job.cfg, job_id, role, placement=placement, start_step=self.model.start_step, report=self.event
         )
+        if self.model.start_note:
+            self.event(self.model.start_note)
         self.trains = job.trains_callees
         self.last_request_s = time.monotonic()  # when an episode was last asked for
         store.policies.publish(PolicyVersion(job_id=job_id, role=role, version=self.model.version, step=last))

@@ -15,8 +15,11 @@ base's path and sha256 (`meta`); a resume onto another base is refused (`check_b
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -48,6 +51,14 @@ def peft_config(spec: LoraSpec) -> LoraConfig:
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft 0.21 asks transformers 5 a question it deprecated: the FutureWarning says nothing to a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def weights_sha256(path: str | Path) -> str:
@@ -84,7 +95,7 @@ class Adapter:
         self.spec, self.base_path = spec, base_path
         self.base_sha256 = weights_sha256(base_path)
         self.merged = _plain_copy(base)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), quiet_peft():
             torch.manual_seed(seed)
             try:
                 self.peft: PeftModel = (

@@ -9,6 +9,7 @@ same code that loads a real checkpoint.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -136,7 +137,9 @@ def _merged_adapter(folder: str, **kwargs: Any) -> PreTrainedModel:
             f"adapter folder {folder} names no base model (adapter_config.json's base_model_name_or_path)"
         )
     base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
-    merged: PreTrainedModel = PeftModel.from_pretrained(base, folder).merge_and_unload()
+    with warnings.catch_warnings():  # peft 0.21 asks transformers 5 a deprecated question: nothing for a user
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        merged: PreTrainedModel = PeftModel.from_pretrained(base, folder).merge_and_unload()
     return merged
 
 

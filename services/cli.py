@@ -337,6 +337,14 @@ def demo(
             help="Log every role's metrics to this experiment tracker too (tensorboard, mlflow, wandb; repeat for several): <run dir>/tracking.",
         ),
     ] = None,
+    lora: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=256,
+            help="Train a LoRA adapter of this rank on each role's frozen warm start instead of all its weights (0: off).",
+        ),
+    ] = 0,
 ) -> None:
     """The whole system on one machine: warm start (cached), embedded Redis, the services as separate
     processes, one job over REST with live progress, then held-out results before/after."""
@@ -361,6 +369,7 @@ def demo(
         warmstart_steps,
         fresh_baseline,
         tuple(tracking or ()),
+        lora,
     )
     try:
         wf.load("demo")(out, options, console)

@@ -96,6 +96,15 @@ class DemoOptions:
     warmstart_steps: int | None = None
     fresh_baseline: bool = False
     tracking: tuple[str, ...] = ()  # experiment trackers of the job (mgrpo.tracking): runs/<demo>/tracking
+    lora: int = 0  # > 0: every trainer role trains a LoRA adapter of this rank on its frozen warm start
+
+
+def role_settings(options: DemoOptions) -> dict[str, Any]:
+    """What the demo's job sets for each role with a trainer: its update, and its adapter (`--lora`)."""
+    out: dict[str, Any] = {"optim": {"lr": options.lr, "ppo_epochs": options.ppo_epochs}}
+    if options.lora:
+        out["lora"] = {"rank": options.lora, "alpha": 2 * options.lora}
+    return out
 
 
 def eval_count(options: DemoOptions) -> int:
@@ -113,8 +122,7 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     out.mkdir(parents=True, exist_ok=True)
     redis_url, cache_dir = options.redis_url, options.cache_dir
     eval_questions = eval_count(options)
-    optim = {"optim": {"lr": options.lr, "ppo_epochs": options.ppo_epochs}}
-    roles = {"planner": optim, "subagent": optim}
+    roles = {"planner": role_settings(options), "subagent": role_settings(options)}
     job = job_spec(
         JobConfig(
             steps=step_count(options),

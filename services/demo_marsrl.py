@@ -64,8 +64,11 @@ def marsrl_job(
     shared: bool,
     warmstart_steps: int | None = None,
     tracking: tuple[str, ...] = (),
+    lora: int = 0,
 ) -> JobConfig:
-    roles: dict[str, Any] = {r: {"optim": {"lr": lr}} for r in ROLES}
+    """The MarsRL demo's job (`lora` > 0: each trainer role trains an adapter of that rank)."""
+    adapter = {"lora": {"rank": lora, "alpha": 2 * lora}} if lora else {}
+    roles: dict[str, Any] = {r: {"optim": {"lr": lr}, **adapter} for r in ROLES}
     if shared:
         roles = {
             "solver": roles["solver"],
@@ -108,6 +111,7 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
             shared=shared,
             warmstart_steps=options.warmstart_steps,
             tracking=options.tracking,
+            lora=options.lora,
         )
     )
     ws = job.warm_start().config(job)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
+import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from mgrpo.config import LoraSpec
@@ -153,6 +156,36 @@ class Adapter:
                 f"{recorded[:16]}…, but {self.base_path} now has {self.base_sha256[:16]}…: restore that "
                 "base, or start the job again under a new id"
             )
+
+
+def adapter_deltas(folder: str | Path) -> dict[str, torch.Tensor]:
+    """What a peft LoRA adapter folder adds to its base: {weight name in the base model: (alpha / r)·B·A}
+    (alpha / √r with rslora). For a server that holds the base and merges each pushed adapter into it
+    (`mgrpo engine`); a folder of another kind of adapter (DoRA, fan-in-fan-out layers) is refused."""
+    path = Path(folder)
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+        tensors = load_file(str(path / "adapter_model.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"{folder} is not a peft adapter folder (adapter_config.json, adapter_model.safetensors): {exc}"
+        ) from exc
+    if config.get("peft_type") != "LORA" or config.get("use_dora") or config.get("fan_in_fan_out"):
+        raise ValueError(f"{folder}: only plain LoRA adapters merge here (no DoRA, no fan-in-fan-out layers)")
+    r, alpha = int(config["r"]), float(config["lora_alpha"])
+    scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+    out = {}
+    for key, a in tensors.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        module = key.removesuffix(".lora_A.weight")
+        b = tensors.get(f"{module}.lora_B.weight")
+        if b is None:
+            raise ValueError(f"{folder}: {module} has lora_A but no lora_B")
+        out[f"{module.removeprefix('base_model.model.')}.weight"] = scale * (b.float() @ a.float())
+    if not out:
+        raise ValueError(f"{folder}: its adapter_model.safetensors holds no LoRA layer")
+    return out
 
 
 def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:

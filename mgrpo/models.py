@@ -113,11 +113,12 @@ def load(path_or_name: str | Path, **kwargs: Any) -> tuple[PreTrainedModel, PreT
     the adapter merged in: a plain model, as every reader of checkpoints expects."""
     source = str(path_or_name)
     try:
-        model: PreTrainedModel = (
-            _merged_adapter(source, **kwargs)
-            if (Path(source) / ADAPTER_CONFIG).is_file()
-            else AutoModelForCausalLM.from_pretrained(source, **kwargs)
-        )
+        if (Path(source) / ADAPTER_CONFIG).is_file():
+            model, base = _merged_adapter(source, **kwargs)
+            if not (Path(source) / "tokenizer_config.json").is_file():
+                source = base  # an adapter saved without its tokenizer: the base's
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
     except OSError as exc:
         raise ValueError(f"cannot load a model from {source!r}: {exc}") from exc
@@ -127,8 +128,9 @@ def load(path_or_name: str | Path, **kwargs: Any) -> tuple[PreTrainedModel, PreT
 ADAPTER_CONFIG = "adapter_config.json"  # what makes a folder a peft adapter
 
 
-def _merged_adapter(folder: str, **kwargs: Any) -> PreTrainedModel:
-    """An adapter folder's base (its `base_model_name_or_path`) with the adapter merged into it."""
+def _merged_adapter(folder: str, **kwargs: Any) -> tuple[PreTrainedModel, str]:
+    """An adapter folder's base (its `base_model_name_or_path`) with the adapter merged into it, and
+    that base's path."""
     from peft import PeftConfig, PeftModel  # peft costs a second at import: only where an adapter is
 
     base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
@@ -140,7 +142,7 @@ def _merged_adapter(folder: str, **kwargs: Any) -> PreTrainedModel:
     with warnings.catch_warnings():  # peft 0.21 asks transformers 5 a deprecated question: nothing for a user
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         merged: PreTrainedModel = PeftModel.from_pretrained(base, folder).merge_and_unload()
-    return merged
+    return merged, base_path
 
 
 def place(model: PreTrainedModel, device: torch.device | str) -> PreTrainedModel:

@@ -18,8 +18,9 @@ update (the weight sync, `weight_sync_s` per update). W = 1 trains `model` itsel
 
 A LoRA role (`roles.<r>.lora`, `mgrpo.lora`): `model` is the frozen base with the adapter's layers in
 it, the optimizer holds the adapter only, the engine samples from `served` (base + adapter merged after
-every update: `weight_sync_s`, and `adapter_bytes`, what a remote engine would take), the KL reference
-is the base with the adapter off, and checkpoints are peft adapter folders. One process, hf engine."""
+every update: `weight_sync_s`, and `adapter_bytes`, what a remote engine takes), the KL reference is
+the base with the adapter off, and checkpoints are peft adapter folders. One process; rollout servers
+(SGLang, `mgrpo engine`) start on the base and load each checkpoint's adapter folder (SGLang's LoRA API)."""
 
 from __future__ import annotations
 
@@ -96,17 +97,22 @@ def _start_note(
 
 
 def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
-    """A LoRA role trains in one process and rolls out with the in-process hf engine (for now)."""
+    """A LoRA role trains in one process; its rollout servers (if any) take adapter folders."""
     if world > 1 or placement.ranks is not None:
         raise ValueError(
             f"roles.{role}.lora: a LoRA role trains in one process; start its trainer without torchrun "
             f"(this one runs on {world} ranks), or drop lora to train all its weights on them"
         )
-    if placement.sglang_url:
+    if placement.sglang_url and placement.sglang_sync_host:
         raise ValueError(
-            f"roles.{role}.lora: a LoRA role rolls out with the in-process hf engine; start its trainer "
-            "without MGRPO_SGLANG_URL, or drop lora to roll out on SGLang"
+            f"roles.{role}.lora: a LoRA role sends its rollout servers the adapter folder of each "
+            "checkpoint, not its weights by broadcast: start its trainer without MGRPO_SGLANG_SYNC_HOST"
         )
+
+
+def _loads_adapters(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
+    """Whether the engine's servers take a LoRA role's adapter folders (SGLang's LoRA API)."""
+    return isinstance(engine, SGLangEngine | ReplicatedEngine)
 
 
 def _broadcasts(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
@@ -191,6 +197,8 @@ class RoleModel:
             version=self.version,
             sync_host=placement.sglang_sync_host,
         )
+        if resume and self.adapter is not None and _loads_adapters(self.engine):
+            self.engine.load_adapter(str(resume.path), self.version)  # the servers hold the base: add it
         self.model_spec = job.model_of(role)
         self.settings = UpdateSettings.of(optim, self.model_spec.temperature)
         self.start_note = _start_note(role, resume, self.adapter, self.shown)
@@ -297,7 +305,9 @@ class RoleModel:
             write_optimizer=write,
             meta=self.adapter.meta() if self.adapter else None,
         )
-        if (
+        if push and self.adapter is not None and _loads_adapters(self.engine):
+            self.engine.load_adapter(str(ckpt.path), self.version)  # only the adapter travels
+        elif (
             push
             and not self.engine.shares_weights
             and not isinstance(self.engine, HFEngine)

@@ -11,6 +11,13 @@ run on (CPUs):
   `POST /update_weights_from_distributed`: the trainer broadcasts each new policy (gloo on CPUs), a
   tensor per broadcast or, with `load_format: "flattened_bucket"`, a bucket of them per broadcast; a
   policy sent in several buckets is swapped in once all its parameters came.
+- `POST /load_lora_adapter` `{"lora_name", "lora_path"}` (a peft adapter folder on a base this server
+  serves) and `POST /unload_lora_adapter` `{"lora_name"}`: SGLang's LoRA API, as a LoRA role's trainer
+  sends it (`mgrpo.lora`): only the adapter travels. The server keeps the base's adapted tensors and
+  serves base + the newest adapter, merged in and swapped in between two decode steps (the adapter's
+  version is the `-v<N>` its name ends with); a `/generate` naming an adapter (`lora_path`) that is not
+  loaded is a 400, and each result says which adapter version sampled it (`meta_info.lora_version`).
+  A full-weights update drops the adapters.
 - `GET /get_server_info`, `GET /health`.
 
 New weights are swapped in between two decode steps (the engine keeps its own copy): rows already
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, Literal, cast
@@ -36,6 +44,7 @@ from transformers import PreTrainedModel
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.hf import HFEngine
 from mgrpo.engines.sglang import weight_version
+from mgrpo.lora import adapter_deltas
 from mgrpo.models import load
 from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group, unflatten_bytes
 
@@ -75,6 +84,20 @@ class GenerateRequest(BaseModel):
     )
     sampling_params: SGLangSampling | list[SGLangSampling] = Field(default_factory=SGLangSampling)
     return_logprob: bool = False
+    lora_path: str | list[str | None] | None = Field(
+        None, description="the loaded LoRA adapter (its name) to sample with: one for all, or one per prompt"
+    )
+
+
+class LoraLoad(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class LoraUnload(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    lora_name: str = Field(min_length=1, max_length=256)
 
 
 class DiskUpdate(BaseModel):
@@ -115,6 +138,8 @@ class EngineServer:
         self.note: OnRequest = on_request or (lambda endpoint, got: None)
         self.groups: dict[str, Any] = {}
         self.arrived: set[str] = set()  # the staged tensors of a bucketed push not swapped in yet
+        self.adapters: dict[str, int] = {}  # loaded LoRA adapters: name → the version it was served as
+        self.base: dict[str, torch.Tensor] = {}  # the base's tensors that an adapter has been merged into
 
     async def generate(self, req: GenerateRequest) -> Any:
         ids = req.input_ids
@@ -137,17 +162,74 @@ class EngineServer:
                 422, f"sampling_params: {len(per)} for {len(prompts)} prompts; send one, or one per prompt"
             )
         params = [s.params() for s in per]
+        names = req.lora_path if isinstance(req.lora_path, list) else [req.lora_path] * len(prompts)
+        if len(names) != len(prompts):
+            raise HTTPException(
+                422, f"lora_path: {len(names)} for {len(prompts)} prompts; send one, or one per prompt"
+            )
+        if unknown := sorted({n for n in names if n is not None and n not in self.adapters}):
+            raise HTTPException(
+                400, f"lora_path: adapter {unknown[0]!r} is not loaded; POST /load_lora_adapter first"
+            )
         self.note("generate", len(prompts))
+        if any(n is not None for n in names):
+            self.note("generate_lora", names)
         futures = [self.engine.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
         samples = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         out = [_result(s, len(p)) for s, p in zip(samples, prompts, strict=True)]
+        for o, s, name in zip(out, samples, names, strict=True):
+            if name is not None:
+                o["meta_info"]["lora_version"] = str(s.weights_version)
         return out[0] if single else out
+
+    def load_lora(self, req: LoraLoad) -> dict[str, Any]:
+        """Merge an adapter into the base and serve it (module docstring)."""
+        self.note("load_lora", req.lora_name)
+        try:
+            deltas = adapter_deltas(req.lora_path)
+        except ValueError as exc:
+            return {"success": False, "error_message": str(exc)}
+        engine = self.engine
+        target = engine.model if self.staging is None else self.staging
+        params = dict(target.named_parameters())
+        if missing := [n for n in deltas if n not in params or params[n].shape != deltas[n].shape]:
+            return {
+                "success": False,
+                "error_message": f"the adapter at {req.lora_path} adapts {missing[:3]}, which this server's "
+                "model does not have in that shape: was it trained on the base this server serves?",
+            }
+        named = re.search(r"-v(\d+)$", req.lora_name)
+        version = int(named.group(1)) if named else engine.weights_version + 1
+        with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
+            for name in deltas:
+                self.base.setdefault(name, params[name].detach().clone())  # never merged into before
+            for name, base in self.base.items():
+                delta = deltas.get(name)
+                params[name].copy_(base if delta is None else base + delta.to(base.device, base.dtype))
+        if self.staging is None:
+            engine.weights_version = version
+        else:
+            engine.push_weights(self.staging, version)
+        self.adapters[req.lora_name] = version
+        return {"success": True, "message": f"adapter {req.lora_name} served as weights version {version}"}
+
+    def unload_lora(self, req: LoraUnload) -> dict[str, Any]:
+        self.note("unload_lora", req.lora_name)
+        if self.adapters.pop(req.lora_name, None) is None:
+            return {"success": False, "error_message": f"no adapter {req.lora_name!r} is loaded"}
+        return {"success": True, "message": f"unloaded {req.lora_name}"}
+
+    def _full_update(self) -> None:
+        """New full weights: the adapters were merged into the old ones."""
+        self.adapters.clear()
+        self.base.clear()
 
     def update_from_disk(self, req: DiskUpdate) -> dict[str, Any]:
         self.note("update", req.model_path)
         try:
             version = weight_version(req.weight_version, self.engine.weights_version + 1)
             self.engine.update_weights(req.model_path, version)
+            self._full_update()
         except (ValueError, OSError) as exc:
             return {"success": False, "message": str(exc)}
         return {"success": True, "message": f"loaded {req.model_path}"}
@@ -200,6 +282,7 @@ class EngineServer:
         if missing:
             return {"success": False, "message": f"unknown parameters {missing[:3]}: is it the same model?"}
         version = weight_version(req.weight_version, engine.weights_version + 1)
+        self._full_update()
         with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
             torch._foreach_copy_([params[n] for n in req.names], received)
         if self.staging is None:  # taken in place, while paused
@@ -252,6 +335,8 @@ def make_app(
     app.post("/update_weights_from_disk")(server.update_from_disk)
     app.post("/init_weights_update_group")(server.init_group)
     app.post("/update_weights_from_distributed")(server.update_distributed)
+    app.post("/load_lora_adapter")(server.load_lora)
+    app.post("/unload_lora_adapter")(server.unload_lora)
     return app
 
 

@@ -86,6 +86,12 @@ class ReplicatedEngine:
             future.result()
         self.weights_version = new
 
+    def load_adapter(self, path: str, version: int) -> None:
+        """Every replica loads the LoRA adapter folder (in parallel); the version moves when all did."""
+        for future in [self._pool.submit(e.load_adapter, path, version) for e in self.replicas]:
+            future.result()
+        self.weights_version = version
+
     def push_weights(self, model: torch.nn.Module, version: int) -> None:
         """Every replica takes `model`'s parameters by broadcast (one after another: each has its own
         group); the version moves when all did."""

@@ -13,6 +13,13 @@
   broadcast per tensor costs a round trip each, and on `mgrpo engine` a wait for the interpreter lock
   each. `weight_bucket_mb` (default `MGRPO_SGLANG_WEIGHT_BUCKET_MB`, 512) 0 sends one tensor per
   broadcast, for SGLang releases before it.
+- A LoRA role (`mgrpo.lora`) sends its adapter, not its weights: `load_adapter(folder, version)` is
+  SGLang's `POST /load_lora_adapter` `{"lora_name": "mgrpo-v<version>", "lora_path": folder}` (a peft
+  adapter folder the server can read; the server started with `--enable-lora`), and every later
+  `/generate` names it (`lora_path`, SGLang's field for the adapter's name); the adapter before the
+  previous one is unloaded (`/unload_lora_adapter`), so rows still running on the previous one finish.
+  A sample's version is the named adapter's (or the server's `meta_info.lora_version` where it says,
+  as `mgrpo engine` does).
 - Concurrent `generate` calls (an agent loop's episodes, each on its own thread) are sent together:
   calls that arrive within `coalesce_ms` of the first go as one `/generate` batch with one sampling
   dict per prompt, so a step's 64 rollouts cost one request, not 64 that reach the server's batch one
@@ -101,6 +108,7 @@ class SGLangEngine:
             (bucket_mb() if weight_bucket_mb is None else weight_bucket_mb) * 2**20
         )
         self.requests = 0  # /generate requests sent
+        self.adapters: list[tuple[str, int]] = []  # the loaded LoRA adapters (name, version), newest last
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
         self._sender_lock = threading.Lock()
@@ -167,14 +175,19 @@ class SGLangEngine:
         """One `/generate` request: a batch of prompts, one sampling dict each (one for all when equal)."""
         prompts = [p for p, _ in requests]
         per = [_sampling(params) for _, params in requests]
-        body = {
+        body: dict[str, Any] = {
             "input_ids": prompts,
             "sampling_params": per[0] if all(d == per[0] for d in per) else per,
             "return_logprob": True,
         }
+        adapter = self.adapters[-1] if self.adapters else None
+        if adapter is not None:
+            body["lora_path"] = [adapter[0]] * len(prompts)
         self.requests += 1
         out = self._post("/generate", body)
         version = self.weights_version  # after the call: a push during it makes samples newer, not older
+        if adapter is not None:
+            version = adapter[1]  # the adapter named is the one that sampled
         if isinstance(out, dict):
             out = [out]
         if len(out) != len(prompts):
@@ -186,7 +199,8 @@ class SGLangEngine:
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(p[1]) for p in pairs]
         logps = [float(p[0]) for p in pairs]
-        version = weight_version(meta.get("weight_version"), version)  # the server's word, where it says
+        said = meta.get("lora_version") if self.adapters else meta.get("weight_version")
+        version = weight_version(said, version)  # the server's word, where it says
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else str(finish)
         return Sample(ids, logps, self._reason(kind, ids, params), str(o.get("text", "")), version)
@@ -208,6 +222,22 @@ class SGLangEngine:
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangError(f"SGLang refused the weights at {path}: {out.get('message')}")
         self.weights_version = version
+
+    def load_adapter(self, path: str, version: int) -> None:
+        """Load a LoRA role's adapter folder (the server can read it) as policy `version`: later
+        requests name it (module docstring)."""
+        name = f"mgrpo-v{version}"
+        out = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if isinstance(out, dict) and out.get("success") is False:
+            raise SGLangError(
+                f"SGLang refused the adapter at {path}: {out.get('error_message') or out.get('message')} "
+                "(is the server started with --enable-lora and a --max-lora-rank ≥ the role's rank?)"
+            )
+        self.adapters.append((name, version))
+        self.weights_version = version
+        while len(self.adapters) > 2:  # the previous one may still be sampling: keep it
+            old, _ = self.adapters.pop(0)
+            self._post("/unload_lora_adapter", {"lora_name": old})
 
     def push_weights(self, model: torch.nn.Module, version: int) -> None:
         """Broadcast `model`'s parameters (HF names; tied ones once) into the server (module

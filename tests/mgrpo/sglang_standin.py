@@ -26,10 +26,11 @@ def recorder(calls: dict[str, list[Any]]) -> Any:
 
 
 class StandIn:
-    def __init__(self, engine: HFEngine) -> None:
+    def __init__(self, engine: HFEngine, staging: Any = None) -> None:
+        """`staging`: an own-weights engine's model to receive pushed weights into (`make_app`)."""
         self.port = free_port()
         self.calls: dict[str, list[Any]] = {}
-        app = make_app(engine, on_request=recorder(self.calls))
+        app = make_app(engine, staging=staging, on_request=recorder(self.calls))
         self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

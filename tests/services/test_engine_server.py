@@ -213,3 +213,109 @@ def test_a_policy_pushed_in_buckets_is_served_only_once_every_bucket_came(tiny_m
 def test_the_command_refuses_a_folder_without_a_model(tmp_path):
     result = CliRunner().invoke(cli, ["engine", str(tmp_path)])
     assert result.exit_code == 2 and "config.json" in result.output and "Traceback" not in result.output
+
+
+# ---- LoRA roles: adapters pushed as folders (SGLang's LoRA API) ------------------------------------
+
+
+def lora_role(base, tmp_path, url, *, last_step=-1):
+    from mgrpo.config import JobConfig
+    from mgrpo.role_model import RoleModel
+    from mgrpo.runtime import Placement
+    from mgrpo.workflows import job_spec
+
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    cfg = JobConfig(roles={"planner": {"model": {"path": str(base)}, "lora": lora, "optim": {"lr": 1e-2}}})
+    placement = Placement(cache_dir=tmp_path, checkpoint_dir=tmp_path, sglang_url=url)
+    return RoleModel(job_spec(cfg), "planner", placement=placement, job_id="j", last_step=last_step)
+
+
+def served_engine(base):
+    from mgrpo.models import load
+
+    model, tokenizer = load(base)
+    return HFEngine(model, tokenizer, own_weights=True), model
+
+
+def test_a_lora_role_sends_its_servers_adapter_folders_only(tokenizer, tmp_path):
+    """A LoRA role on `mgrpo engine` (real HTTP, the real client): the server starts on the base, then
+    takes each checkpoint as an adapter folder (`/load_lora_adapter`, never a full update), every
+    `/generate` names the newest adapter, and what it samples is the trained base + adapter's
+    distribution; a restarted trainer hands a fresh server the adapter it resumes from."""
+    from tests.mgrpo.test_role_model import samples_of
+
+    base = save(build_model("tiny", tokenizer, seed=0), tokenizer, tmp_path / "base")
+    engine, staging = served_engine(base)
+    standin = StandIn(engine, staging=staging)
+    with standin as url:
+        m = lora_role(base, tmp_path, url)
+        try:
+            for step in range(2):
+                m.update(samples_of(m, [step, step]), seed=step)
+                m.save(step)
+            prompts = [[5, 6, 7], [8, 9]]
+            out = m.engine.generate(prompts, SamplingParams(max_new_tokens=6, seed=1))
+            assert [s.weights_version for s in out] == [2, 2]
+            with torch.no_grad():
+                assert_logprobs(m.adapter.peft, prompts, out)
+        finally:
+            m.close()
+    assert standin.calls["update"] == [str(base)]  # the base, once; after that adapters only
+    assert standin.calls["load_lora"] == ["mgrpo-v1", "mgrpo-v2"]
+    assert standin.calls["generate_lora"][-1] == ["mgrpo-v2", "mgrpo-v2"]
+
+    engine, staging = served_engine(base)  # a new server, the trainer restarted after step 1
+    standin = StandIn(engine, staging=staging)
+    with standin as url:
+        resumed = lora_role(base, tmp_path, url, last_step=1)
+        try:
+            out = resumed.engine.generate(prompts, SamplingParams(max_new_tokens=6, seed=1))
+            assert [s.weights_version for s in out] == [2, 2]
+            with torch.no_grad():
+                assert_logprobs(resumed.adapter.peft, prompts, out)
+        finally:
+            resumed.close()
+    assert standin.calls["load_lora"] == ["mgrpo-v2"]
+
+
+def test_the_server_merges_each_adapter_into_the_base_it_kept(tokenizer, tmp_path):
+    """Two adapters on different layers in turn: each is served as base + that adapter only (equal to
+    peft's own merge), an unknown adapter name is a 400 and a folder that is no adapter a refusal."""
+    from peft import LoraConfig, get_peft_model
+
+    from mgrpo.models import load
+
+    base = save(build_model("tiny", tokenizer, seed=0), tokenizer, tmp_path / "base")
+    folders = {}
+    for name, targets in (("a-v1", ["q_proj"]), ("b-v2", ["down_proj"])):
+        torch.manual_seed(len(folders))
+        peft = get_peft_model(load(base)[0], LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        with torch.no_grad():
+            for n, p in peft.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+        peft.peft_config["default"].base_model_name_or_path = str(base)
+        peft.save_pretrained(tmp_path / name)
+        folders[name] = tmp_path / name
+    engine, staging = served_engine(base)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    try:
+        with TestClient(make_app(engine, staging=staging)) as c:
+            for name, folder in folders.items():
+                r = c.post("/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder)})
+                assert r.json()["success"], r.json()
+                r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": name, "return_logprob": True})
+                assert r.status_code == 200 and r.json()["meta_info"]["lora_version"] == name[-1]
+                with torch.no_grad():
+                    served = engine.model(input_ids=ids).logits
+                    merged = load(folder)[0](input_ids=ids).logits
+                assert torch.allclose(served, merged, atol=1e-5, rtol=0), name
+            r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": "nope"})
+            assert r.status_code == 400 and "/load_lora_adapter" in r.json()["detail"]
+            r = c.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": str(base)})
+            assert not r.json()["success"] and "not a peft adapter folder" in r.json()["error_message"]
+            assert c.post("/unload_lora_adapter", json={"lora_name": "a-v1"}).json()["success"]
+            r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": "a-v1"})
+            assert r.status_code == 400
+    finally:
+        engine.close()

@@ -183,7 +183,7 @@ class RoleConfig(_Strict):
     )
     lora: LoraSpec | None = Field(
         None,
-        description="Train a LoRA adapter on the role's model, frozen, instead of all its weights (one process, the hf engine; checkpoints are peft adapter folders).",
+        description="Train a LoRA adapter (peft) on the role's model, frozen, instead of all its weights: in one process or on fsdp ranks; rollout servers take each checkpoint's adapter folder; checkpoints are peft adapter folders.",
     )
 
 

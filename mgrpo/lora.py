@@ -136,8 +136,7 @@ class Adapter:
 
     def reference(self, **inputs: Any) -> Any:
         """The base model's forward (the adapter off): the KL penalty's frozen starting model."""
-        with self.peft.disable_adapter():
-            return self.model(**inputs)
+        return base_forward(self.model, **inputs)
 
     def save(self, folder: Path) -> None:
         """peft's adapter folder (adapter_config.json, adapter_model.safetensors)."""
@@ -156,6 +155,33 @@ class Adapter:
                 f"{recorded[:16]}…, but {self.base_path} now has {self.base_sha256[:16]}…: restore that "
                 "base, or start the job again under a new id"
             )
+
+
+def inject(model: torch.nn.Module, spec: LoraSpec) -> None:
+    """peft's LoRA layers put into `model` in place (adapter 'default', the base frozen), as `Adapter`
+    has them: what each rank of a LoRA role on W ranks builds before it takes rank 0's weights."""
+    from peft import inject_adapter_in_model  # two seconds at import: LoRA roles only
+
+    with quiet_peft():
+        inject_adapter_in_model(peft_config(spec), model, adapter_name=ADAPTER)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".lora_" in name)
+
+
+def base_forward(model: torch.nn.Module, **inputs: Any) -> Any:
+    """`model`'s forward with its LoRA layers switched off: the frozen base. Only the layers' switch
+    moves (peft's `disable_adapter` also flips the adapter's requires_grad, which FSDP2's sharded
+    parameters must not see mid-update)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer  # LoRA roles only (peft's import is slow)
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        return model(**inputs)
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def adapter_deltas(folder: str | Path) -> dict[str, torch.Tensor]:

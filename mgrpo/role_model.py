@@ -19,7 +19,8 @@ update (the weight sync, `weight_sync_s` per update). W = 1 trains `model` itsel
 A LoRA role (`roles.<r>.lora`, `mgrpo.lora`): `model` is the frozen base with the adapter's layers in
 it, the optimizer holds the adapter only, the engine samples from `served` (base + adapter merged after
 every update: `weight_sync_s`, and `adapter_bytes`, what a remote engine takes), the KL reference is
-the base with the adapter off, and checkpoints are peft adapter folders. One process; rollout servers
+the base with the adapter off, and checkpoints are peft adapter folders. On W ranks (fsdp) every rank
+holds the adapter's layers on its shard of the frozen base and the sync gathers the adapter only. Rollout servers
 (SGLang, `mgrpo engine`) start on the base and load each checkpoint's adapter folder (SGLang's LoRA API)."""
 
 from __future__ import annotations
@@ -97,11 +98,11 @@ def _start_note(
 
 
 def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
-    """A LoRA role trains in one process; its rollout servers (if any) take adapter folders."""
-    if world > 1 or placement.ranks is not None:
+    """A LoRA role trains in one process or on FSDP2 ranks; its rollout servers take adapter folders."""
+    if placement.ranks is not None and placement.ranks.backend != "fsdp":
         raise ValueError(
-            f"roles.{role}.lora: a LoRA role trains in one process; start its trainer without torchrun "
-            f"(this one runs on {world} ranks), or drop lora to train all its weights on them"
+            f"roles.{role}.lora: a LoRA role trains on W ranks with the fsdp backend; start its trainer "
+            f"with --backend fsdp (this one runs {placement.ranks.backend}), or drop lora"
         )
     if placement.sglang_url and placement.sglang_sync_host:
         raise ValueError(
@@ -177,8 +178,13 @@ class RoleModel:
                 "open",
                 config=self.model.config.to_dict(),
                 lr=optim.lr,
-                with_ref=self.ref_model is not None,
-                local={"source": self.model, "optimizer_state": state, "ref_source": self.ref_model},
+                with_ref=self.ref_model is not None and lora is None,  # a LoRA role's: the base
+                lora=None if lora is None else lora.model_dump(),
+                local={
+                    "source": self.model,
+                    "optimizer_state": state,
+                    "ref_source": None if lora else self.ref_model,
+                },
             )
         trained = self.adapter.trainable() if self.adapter else self.model.parameters()
         self.optimizer = torch.optim.AdamW(trained, lr=optim.lr, weight_decay=0.0)

@@ -17,6 +17,7 @@ bandwidth of the same bytes (`bench/ranks_bench.py`)."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +35,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgrpo.checkpoint import FULL, is_sharded, load_sharded_optimizer, save_sharded_optimizer
+from mgrpo.config import LoraSpec
+from mgrpo.lora import base_forward, inject
 from mgrpo.parallel.group import device
 from mgrpo.parallel.transport import buckets
 from mgrpo.records import Sample
@@ -58,12 +61,17 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     return cast(Sequence[torch.nn.Module], layers)
 
 
-def _sharded(config: dict[str, Any], source: PreTrainedModel | None) -> PreTrainedModel:
-    """The model of `config` sharded over the group, with rank 0's `source` weights (None elsewhere)."""
+def _sharded(
+    config: dict[str, Any], source: PreTrainedModel | None, lora: LoraSpec | None = None
+) -> PreTrainedModel:
+    """The model of `config` sharded over the group, with rank 0's `source` weights (None elsewhere);
+    with `lora`, the model has the adapter's layers (rank 0's `source` has them already)."""
     if source is not None:
         model = copy.deepcopy(source)
     else:
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+        if lora is not None:
+            inject(model, lora)
     torch.nn.Module.to(model, device())
     gpu = device().type == "cuda"
     mp = (
@@ -89,15 +97,27 @@ class ShardedPolicy:
         *,
         with_ref: bool = False,
         ref_source: PreTrainedModel | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         """On every rank: `config` (the HF config dict), `lr`, `with_ref` (a frozen reference for the
         KL penalty); rank 0 passes `source` (its full model, copied, not changed), a full
-        `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere)."""
+        `optimizer_state` to resume and the reference's weights `ref_source` (None elsewhere).
+        `lora` (a LoRA role, `mgrpo.lora`): the adapter's spec; the base is sharded too but frozen,
+        only the adapter is trained and synced, and the KL reference is the base itself (the adapter
+        switched off), not a second model."""
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.model: PreTrainedModel = _sharded(config, source)
-        self.ref = _sharded(config, ref_source).requires_grad_(False).eval() if with_ref else None
+        self.lora = None if lora is None else LoraSpec.model_validate(lora)
+        self.model: PreTrainedModel = _sharded(config, source, self.lora)
+        self.ref: Any = (
+            _sharded(config, ref_source).requires_grad_(False).eval()
+            if with_ref and self.lora is None
+            else functools.partial(base_forward, self.model)
+            if self.lora is not None
+            else None
+        )
         self._buffers: dict[int, torch.Tensor] = {}  # sync_into's, per bucket
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
         given: list[Any] = [optimizer_state if is_sharded(optimizer_state) else optimizer_state is not None]
         dist.broadcast_object_list(given, src=0)  # DCP shards: their folder, read by every rank
         if is_sharded(given[0]):
@@ -128,8 +148,8 @@ class ShardedPolicy:
 
     def sync_into(self, into: torch.nn.Module | None = None, bucket_mb: float = 256.0) -> None:
         """Every rank: copy the trained weights into rank 0's full `into` (same parameter names; None
-        elsewhere). Bucketed gathers of the dim-0 shards (module docstring)."""
-        params = dict(self.model.named_parameters())
+        elsewhere): a LoRA role's adapter only. Bucketed gathers of the dim-0 shards (module docstring)."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad or self.lora is None}
         dest = dict(into.named_parameters()) if into is not None else {}
         shards = {  # each rank's padded dim-0 shard of every parameter, fp32
             n: torch.Size([_chunk_rows(p.shape[0], self.world), p.numel() // max(p.shape[0], 1)])

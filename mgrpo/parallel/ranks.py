@@ -77,8 +77,11 @@ class RankGroup:
         source: Any = None,
         optimizer_state: Any = None,
         ref_source: Any = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        stages = {"pipeline": self.stages} if self.backend == "megatron" else {}
+        if lora is not None and self.backend != "fsdp":
+            raise ValueError("a LoRA role trains on W ranks with the fsdp backend only (not megatron)")
+        stages = {"pipeline": self.stages} if self.backend == "megatron" else {"lora": lora}
         self.policy = policy_class(self.backend)(
             config,
             lr,

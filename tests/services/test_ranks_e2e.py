@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from mgrpo.config import JobConfig
+from mgrpo.models import load
 from mgrpo.workflows import DEEP_RESEARCH, job_spec
 from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
@@ -121,6 +122,27 @@ def test_two_rank_roles_train_and_survive_losing_a_rank(tmp_path, redis_url):
             "model.embed_tokens.weight"
             in torch.load(planner / "trainer_state.pt", weights_only=False)["optimizer"]["state"]
         )
+
+        # the same cluster, a job whose sub-agent trains a LoRA adapter on its 2 fsdp ranks
+        lora = {**JOB["roles"]["subagent"], "lora": {"rank": 8, "alpha": 16}}
+        r = httpx.post(f"{url}/v1/jobs", json={**JOB, "roles": {**JOB["roles"], "subagent": lora}}, headers=H)
+        assert r.status_code == 201, r.text
+        lora_job = r.json()["job_id"]
+        while (job := httpx.get(f"{url}/v1/jobs/{lora_job}", headers=H, timeout=10).json())["status"] in (
+            "queued",
+            "running",
+        ):
+            assert time.monotonic() < deadline + 300, f"the LoRA job is stuck: {job}"
+            time.sleep(0.5)
+        assert job["status"] == "succeeded", job["reason"]
+    adapter = final_checkpoint(cluster, "subagent", lora_job)
+    assert (adapter / "adapter_model.safetensors").exists() and not (adapter / "model.safetensors").exists()
+    state = torch.load(adapter / "trainer_state.pt", weights_only=False)["optimizer"]
+    assert state == {"dcp": "optimizer"}  # the ranks' own shards of the adapter's optimizer state
+    x = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        moved = load(adapter)[0](input_ids=x).logits - load(warm.subagent_path)[0](input_ids=x).logits
+    assert moved.abs().max() > 1e-4, "the adapter trained on two ranks never moved the policy"
 
 
 def upcycled(dense_path: str | Path, out: Path, experts: int = 4) -> Path:

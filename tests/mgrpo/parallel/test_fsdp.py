@@ -4,6 +4,7 @@ samples, both loss denominators), the same metrics, and checkpoints that resume 
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 
 from mgrpo.checkpoint import full_optimizer_state, load_optimizer_state, optimizer_state
 from mgrpo.training import ppo_update
-from tests.mgrpo.parallel.updates import LR, SETTINGS, reference, samples, save, tiny
+from tests.mgrpo.parallel.updates import LR, SETTINGS, lora_tiny, reference, samples, save, tiny
 
 ROOT = Path(__file__).resolve().parents[3]
 TOL = 1e-6  # float32 sums in another order (per-rank partial losses, reduce-scatter)
@@ -139,3 +140,53 @@ def test_a_checkpoint_resumes_on_another_world_size(runs):
         fresh, torch.optim.AdamW(fresh.parameters(), lr=LR, weight_decay=0.0), tok.pad_token_id, len(tok), 1
     )
     assert max_diff(fresh.state_dict(), reference) > LR / 10
+
+
+def test_a_lora_role_on_two_ranks_trains_as_on_one(tmp_path):
+    """A LoRA role on W = 2 (the base sharded and frozen, the adapter trained): after each update the
+    adapter synced into rank 0's model equals the one-process update's (the second with its KL
+    reference, the base with the adapter off), and the base is the starting one, bit for bit."""
+    from mgrpo.lora import base_forward
+
+    model, tok, _ = lora_tiny()
+    start = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
+    one = []
+    for update in (0, 1):
+        batch, version = samples(update, len(tok))
+        ref = functools.partial(base_forward, model) if SETTINGS[update].kl_coef > 0 else None
+        metrics = ppo_update(
+            model,
+            opt,
+            batch,
+            SETTINGS[update],
+            pad_id=tok.pad_token_id,
+            seed=update,
+            version=version,
+            ref_model=ref,
+        )
+        one.append(({n: p.detach().clone() for n, p in model.named_parameters()}, metrics))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(ROOT / "tests/mgrpo/parallel/lora_ranks.py"),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    for n, (weights, metrics) in enumerate(one, start=1):
+        two = load(tmp_path / f"lora-w2-{n}.pt")
+        adapter = {k: v for k, v in weights.items() if ".lora_" in k}
+        assert_same(adapter, {k: two["synced"][k] for k in adapter})
+        assert max_diff(adapter, {k: start[k] for k in adapter}) > LR  # the adapter moved
+        for k, v in two["weights"].items():
+            if ".lora_" not in k:
+                assert torch.equal(v, start[k]), f"base tensor {k} changed on the ranks"
+        for key in ("loss", "grad_norm", "kl_ref"):
+            if key in metrics:
+                assert two["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+    assert "kl_ref" in load(tmp_path / "lora-w2-2.pt")["metrics"]

@@ -39,3 +39,12 @@ def test_a_dead_rank_fails_the_next_call_with_rank_lost():
     (line,) = [ln for ln in out.splitlines() if ln.startswith("RankLost")]
     assert float(line.split()[2]) < 10, line  # not the group's timeout (60 s here, a week in service)
     assert "is gone" in line
+
+
+def test_a_lora_role_on_megatron_ranks_is_refused_with_what_to_do():
+    import pytest
+
+    from mgrpo.parallel.ranks import RankGroup
+
+    with pytest.raises(ValueError, match="fsdp backend only"):
+        RankGroup("megatron").calls["open"](config={}, lr=1e-3, lora={"rank": 8})

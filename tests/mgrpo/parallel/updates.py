@@ -38,6 +38,23 @@ def tiny() -> tuple[torch.nn.Module, Any]:
     return build_model("tiny", tok, seed=0), tok
 
 
+def lora_tiny() -> tuple[torch.nn.Module, Any, Any]:
+    """`tiny()` with a rank-4 LoRA adapter on q, v and down projections, its B drawn non-zero (so A
+    gets a gradient too), the same on every rank and in every process; and the adapter's spec."""
+    from mgrpo.config import LoraSpec
+    from mgrpo.lora import inject
+
+    model, tok = tiny()
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    torch.manual_seed(1)
+    inject(model, spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    return model, tok, spec
+
+
 def tiny_moe() -> tuple[torch.nn.Module, Any]:
     """A tiny Qwen3-MoE (4 experts, 2 per token, every layer sparse) on the same tokenizer."""
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig

@@ -12,6 +12,11 @@ is no central collector.
   the job's config as the run's config; offline in `<tracking dir>/wandb` (`wandb sync` uploads it)
   unless the trainer's operator set `WANDB_MODE=online` and a key: a job cannot send data elsewhere.
 
+When the job ends each role's trackers also get its final checkpoint's path (TensorBoard text, an
+MLflow tag, the W&B run's summary) and its reward curve (`<role>/reward_mean` per step, drawn as a PNG:
+a TensorBoard image, an MLflow artifact — kept under `<tracking dir>/mlflow-artifacts` with the default
+store —, a W&B image).
+
 A tracker never fails or slows the job: the calls run on a thread of their own behind a bounded
 queue; a tracker that raises is dropped after one warning (`report`), and what does not fit the
 queue is dropped and counted. When the role's trainer closes them, one event says where its records
@@ -27,10 +32,12 @@ import logging
 import math
 import os
 import queue
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,6 +53,7 @@ class Tracker(Protocol):
     where: str  # where its records go, for people
 
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
+    def finish(self, curve: Path | None, checkpoint: str | None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -73,13 +81,23 @@ class TensorBoardTracker:
         folder.mkdir(parents=True, exist_ok=True)
         self.writer = SummaryWriter(str(folder), purge_step=start_step or None)
         self.where = f"tensorboard {folder}"
+        self.last_step = start_step
         if start_step == 0:
             self.writer.add_text("job/config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
+        self.last_step = max(self.last_step, step)
         self.writer.flush()
+
+    def finish(self, curve: Path | None, checkpoint: str | None) -> None:
+        if curve is not None:
+            from matplotlib.image import imread  # a dependency; only at the job's end
+
+            self.writer.add_image("reward_curve", imread(curve)[..., :3], self.last_step, dataformats="HWC")
+        if checkpoint is not None:
+            self.writer.add_text("checkpoint", checkpoint, self.last_step)
 
     def close(self) -> None:
         self.writer.close()
@@ -87,15 +105,30 @@ class TensorBoardTracker:
 
 class MlflowTracker:
     def __init__(
-        self, uri: str, experiment: str, job_id: str, role: str, config: Mapping[str, Any], lock: Path
+        self,
+        uri: str,
+        experiment: str,
+        job_id: str,
+        role: str,
+        config: Mapping[str, Any],
+        lock: Path,
+        artifacts: Path | None = None,
     ) -> None:
+        """`artifacts`: where a new experiment keeps its runs' files (None: the tracking server's
+        choice; MLflow's own default is `./mlruns` of whatever folder the trainer runs in)."""
         from mlflow import MlflowClient  # the `tracking` extra (mlflow-skinny, sqlalchemy, alembic)
         from mlflow.entities import Param  # the `tracking` extra
 
         with _file_lock(lock):  # the roles' services share one store: one creates the experiment
             self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
-            exp = found.experiment_id if found else self.client.create_experiment(experiment)
+            exp = (
+                found.experiment_id
+                if found
+                else self.client.create_experiment(
+                    experiment, artifact_location=None if artifacts is None else artifacts.resolve().as_uri()
+                )
+            )
         self.where = f"mlflow {uri} (experiment {experiment}, run {job_id}/{role})"
         runs = self.client.search_runs(
             [exp], f"tags.job_id = '{job_id}' and tags.role = '{role}'", max_results=1
@@ -117,6 +150,12 @@ class MlflowTracker:
         metrics = [Metric(k, v, now, step) for k, v in values.items()]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def finish(self, curve: Path | None, checkpoint: str | None) -> None:
+        if curve is not None:
+            self.client.log_artifact(self.run_id, str(curve))
+        if checkpoint is not None:
+            self.client.set_tag(self.run_id, "checkpoint", checkpoint)
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -144,6 +183,14 @@ class WandbTracker:
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=step)
+
+    def finish(self, curve: Path | None, checkpoint: str | None) -> None:
+        import wandb  # the `tracking` extra
+
+        if curve is not None:
+            self.run.log({"reward_curve": wandb.Image(str(curve))})
+        if checkpoint is not None:
+            self.run.summary["checkpoint"] = checkpoint
 
     def close(self) -> None:
         self.run.finish()
@@ -183,6 +230,7 @@ _OPENERS: dict[str, Callable[[TrackerConfig, Path, str, str, Mapping[str, Any], 
         role,
         config,
         where / "mlflow.lock",
+        None if spec.tracking_uri else where / "mlflow-artifacts",
     ),
     "wandb": lambda spec, where, job_id, role, config, start: WandbTracker(
         where / "wandb", spec.project, job_id, role, config
@@ -204,7 +252,7 @@ class Trackers:
     ) -> None:
         self.report, self.role = report, role
         self.dropped = 0
-        self._queue: queue.Queue[tuple[int, dict[str, float]] | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[tuple[int, dict[str, float]] | _End] = queue.Queue(queue_size)
         self._opens = dict(opens)
         self._thread = threading.Thread(target=self._run, name="trackers", daemon=True)
         if self._opens:
@@ -218,11 +266,12 @@ class Trackers:
         except queue.Full:
             self.dropped += 1
 
-    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S, *, checkpoint: str | None = None) -> None:
+        """Hand the trackers the job's end (its final `checkpoint`'s path) and wait for them."""
         if not self._opens:
             return
         try:
-            self._queue.put(None, timeout=timeout_s)
+            self._queue.put(_End(checkpoint), timeout=timeout_s)
         except queue.Full:
             return
         self._thread.join(timeout_s)
@@ -233,10 +282,17 @@ class Trackers:
             if (tracker := self._call(name, live, open_)) is not None:
                 live[name] = tracker
         steps: set[int] = set()
-        while (item := self._queue.get()) is not None:
+        curve: dict[int, float] = {}
+        while not isinstance(item := self._queue.get(), _End):
             steps.add(item[0])
+            if (reward := item[1].get(f"{self.role}/reward_mean")) is not None:
+                curve[item[0]] = reward
             for name, tracker in list(live.items()):
                 self._call(name, live, tracker.log, *item)
+        with tempfile.TemporaryDirectory() as tmp:
+            png = reward_curve(curve, self.role, Path(tmp) / "reward_curve.png") if curve and live else None
+            for name, tracker in list(live.items()):
+                self._call(name, live, tracker.finish, png, item.checkpoint)
         for name, tracker in list(live.items()):
             self._call(name, live, tracker.close)
         if self.dropped:
@@ -258,6 +314,31 @@ class Trackers:
                 f"{str(exc)[:300]}); training goes on"
             )
             return None
+
+
+@dataclass(frozen=True)
+class _End:
+    """The job's end in the trackers' queue."""
+
+    checkpoint: str | None
+
+
+def reward_curve(curve: Mapping[int, float], role: str, out: Path) -> Path:
+    """The role's mean training reward per step as a PNG (the trackers' picture of the job)."""
+    import matplotlib  # a dependency; only at the job's end
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after choosing the file backend
+
+    steps = sorted(curve)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(steps, [curve[s] for s in steps], marker="o", markersize=3)
+    ax.set(xlabel="step", ylabel="mean training reward", title=f"{role}: reward per step")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
 
 
 def open_trackers(

@@ -91,6 +91,7 @@ class RootJob:
             job, self.root, placement=placement, job_id=job_id, last_step=last, max_batch=self.max_batch
         )
         self.start_step = self.model.start_step
+        self.last_checkpoint: str | None = None  # the newest checkpoint this trainer wrote (trackers)
         self.trackers = open_trackers(
             job.cfg, job_id, self.root, placement=placement, start_step=self.start_step, report=self.event
         )
@@ -281,6 +282,7 @@ class RootJob:
             metrics = self.model.update(samples, seed=step)
         with timer("checkpoint"):
             ckpt = self.model.save(step)
+            self.last_checkpoint = str(ckpt.path)
         with timer("exchange_redis"):
             self.account_trained(step, len(samples), metrics)
             done = PolicyVersion(
@@ -317,7 +319,7 @@ class RootJob:
         publish_event(self.store.client, self.job_id, self.root, message)
 
     def close(self) -> None:
-        self.trackers.close()
+        self.trackers.close(checkpoint=self.last_checkpoint)
         self.model.close()
 
     def finish(self) -> None:

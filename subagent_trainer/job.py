@@ -86,6 +86,7 @@ class CalleeJob:
         if self.model.start_note:
             self.event(self.model.start_note)
         self.trains = job.trains_callees
+        self.last_checkpoint: str | None = None  # the newest checkpoint this trainer wrote (trackers)
         self.last_request_s = time.monotonic()  # when an episode was last asked for
         store.policies.publish(PolicyVersion(job_id=job_id, role=role, version=self.model.version, step=last))
 
@@ -203,6 +204,7 @@ class CalleeJob:
             metrics = self.model.update(samples, seed=msg.step) if self.trains else {}
         with timer("checkpoint"):
             ckpt = self.model.save(msg.step, push=bool(metrics))
+            self.last_checkpoint = str(ckpt.path)
         with timer("exchange_redis"):
             self.store.commit_step(
                 PolicyVersion(
@@ -237,7 +239,7 @@ class CalleeJob:
         publish_event(self.store.client, self.job_id, self.role, message)
 
     def close(self) -> None:
-        self.trackers.close()
+        self.trackers.close(checkpoint=self.last_checkpoint)
         self.model.close()
 
 

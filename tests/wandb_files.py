@@ -57,3 +57,13 @@ def history(path: Path) -> dict[str, dict[int, float]]:
 def run_info(path: Path) -> Any:
     """The run record: `display_name`, `run_group`, `job_type`, `project`, `config`."""
     return next(r.run for r in records(path) if r.WhichOneof("record_type") == "run")
+
+
+def summary(path: Path) -> dict[str, Any]:
+    """The run's summary (key → value), from a run file's summary records."""
+    out: dict[str, Any] = {}
+    for r in records(path):
+        if r.WhichOneof("record_type") == "summary":
+            for i in r.summary.update:
+                out[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+    return out

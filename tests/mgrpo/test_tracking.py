@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -14,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mgrpo.config import TRACKERS, JobConfig
 from mgrpo.runtime import Placement
 from mgrpo.tracking import _OPENERS, Trackers, flat_params, open_trackers
-from tests.wandb_files import history, run_info
+from tests.wandb_files import history, run_info, summary
 
 
 def scalars(folder) -> dict[str, list[tuple[int, float]]]:
@@ -36,8 +37,23 @@ def logged(tmp_path, tracking, role, steps, start_step=0, job_id="job-1"):
     )
     for step in steps:
         t.log(step, {f"{role}/reward_mean": step / 10, f"{role}/nan": float("nan"), f"{role}/gone": None})
-    t.close()
+    t.close(checkpoint=f"/ckpt/{job_id}/{role}/step-{max(steps):06d}")
     return errors
+
+
+def images(folder) -> dict[str, list[tuple[int, int, int]]]:
+    acc = EventAccumulator(str(folder), size_guidance={"images": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.width, e.height) for e in acc.Images(tag)] for tag in acc.Tags()["images"]}
+
+
+def texts(folder) -> dict[str, list[str]]:
+    acc = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {
+        tag.removesuffix("/text_summary"): [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(tag)]
+        for tag in acc.Tags()["tensors"]
+    }
 
 
 def test_tensorboard_writes_each_role_as_a_run_of_the_job(tmp_path):
@@ -49,6 +65,11 @@ def test_tensorboard_writes_each_role_as_a_run_of_the_job(tmp_path):
         got = scalars(tmp_path / "tensorboard" / "job-1" / role)
         # finite values only: a NaN or missing metric is left out, not plotted as 0
         assert got == {f"{role}/reward_mean": [(0, 0.0), (1, pytest.approx(0.1)), (2, pytest.approx(0.2))]}
+        # at the job's end: the reward curve as an image and the final checkpoint's path, at the last step
+        assert images(tmp_path / "tensorboard" / "job-1" / role) == {"reward_curve": [(2, 600, 350)]}
+        assert texts(tmp_path / "tensorboard" / "job-1" / role)["checkpoint"] == [
+            f"/ckpt/job-1/{role}/step-000002"
+        ]
 
 
 def test_a_resumed_job_replaces_the_steps_it_trains_again(tmp_path):
@@ -75,6 +96,11 @@ def test_mlflow_one_run_per_role_tagged_with_the_job_and_continued_on_resume(tmp
         history = client.get_metric_history(run.info.run_id, f"{role}/reward_mean")
         assert sorted(m.step for m in history) == [0, 1, 2]
         assert run.data.params["steps"] == "3" and run.info.status == "FINISHED"
+        assert run.data.tags["checkpoint"] == f"/ckpt/job-1/{role}/step-000002"  # the last trainer's word
+        assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["reward_curve.png"]
+        where = client.download_artifacts(run.info.run_id, "reward_curve.png", str(tmp_path / role))
+        assert Path(where).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "mlflow-artifacts").is_dir()  # beside the store, not ./mlruns of the trainer's folder
 
 
 class Raising:
@@ -83,6 +109,9 @@ class Raising:
 
     def log(self, step, values):
         self.calls += 1
+        raise ConnectionError("no route to the tracking server")
+
+    def finish(self, curve, checkpoint):
         raise ConnectionError("no route to the tracking server")
 
     def close(self):
@@ -97,6 +126,9 @@ class Recording:
 
     def log(self, step, values):
         self.steps.append(step)
+
+    def finish(self, curve, checkpoint):
+        self.finished = (curve, checkpoint)
 
     def close(self):
         self.closed = True
@@ -175,13 +207,18 @@ def test_wandb_offline_one_run_per_role_grouped_by_the_job(tmp_path, monkeypatch
     runs = {}
     for f in (tmp_path / "wandb").glob("wandb/offline-run-*/run-*.wandb"):
         info = run_info(f)
-        runs[info.job_type] = (info, history(f))
+        runs[info.job_type] = (info, history(f), f)
     assert sorted(runs) == ["planner", "subagent"]
-    for role, (info, metrics) in runs.items():
+    for role, (info, metrics, f) in runs.items():
         assert (info.display_name, info.run_group, info.project) == (f"job-1/{role}", "job-1", "mgrpo")
         assert {u.key: u.value_json for u in info.config.update}["steps"] == "3"
         want = {s: pytest.approx(s / 10) for s in range(3 if role == "planner" else 2)}
+        curve = {k: metrics.pop(k) for k in list(metrics) if k.startswith("reward_curve/")}  # the end's image
         assert metrics == {f"{role}/reward_mean": want}  # NaN and missing values left out
+        assert curve["reward_curve/_type"] == {len(want) - 1: "image-file"}  # with the last step
+        assert curve["reward_curve/format"] == {len(want) - 1: "png"}
+        last = len(want) - 1
+        assert summary(f)["checkpoint"] == f"/ckpt/job-1/{role}/step-{last:06d}"
 
 
 def test_every_tracker_a_job_may_name_has_an_opener():

@@ -25,7 +25,7 @@ from shared_store.schemas import MetricsEvent
 from tests.services.checks import stream_messages
 from tests.services.test_e2e import CACHE, SMALL, TOKEN, H, wait
 from tests.waiting import wait_for
-from tests.wandb_files import history, run_info
+from tests.wandb_files import history, run_info, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
@@ -126,6 +126,11 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_mlflow_and_wandb(tr
             assert {m.step for m in client.get_metric_history(run, key)} == steps, (role, key)
             assert set(offline.get(key, {})) == steps, (role, key)
         assert runs[role].data.params["steps"] == str(SMALL["steps"])
+        # at the job's end: the role's final checkpoint and its reward curve, in each tracker
+        (final,) = sorted((run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1:]
+        assert runs[role].data.tags["checkpoint"] == str(final) == summary(wandb_run)["checkpoint"]
+        assert [a.path for a in client.list_artifacts(run)] == ["reward_curve.png"]
+        assert acc.Tags()["images"] == ["reward_curve"] and "reward_curve/format" in offline
 
 
 def spans_of(traces: Path) -> list[dict]:

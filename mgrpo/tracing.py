@@ -2,7 +2,8 @@
 
 With `MGRPO_TRACE_DIR` set, every service process writes its spans as JSON lines to
 `<dir>/<service>-<pid>.jsonl`; with `MGRPO_OTLP_ENDPOINT`, it sends them to that OpenTelemetry
-collector over OTLP/HTTP (`configure`). The root's trainer opens a `rollout` span per rollout,
+collector over OTLP/HTTP (`configure`). The root's trainer opens a `rollout` span per rollout (a
+deep-research rollout; a MarsRL problem's grouped S → V → C chain),
 a `delegate` span per delegation's HTTP call, whose W3C `traceparent` header (`inject`) makes the
 callee's `episode` span (`extract`) a child in the same trace, each tool call a `tool` span under it;
 every phase of every role's step is a `step/<phase>` span (`mgrpo.timing.PhaseTimer`). Attributes:
@@ -17,11 +18,12 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -31,6 +33,7 @@ from opentelemetry.trace import Span, SpanKind
 
 _configured = False
 _lock = threading.Lock()
+T = TypeVar("T")
 
 
 def tracer() -> trace.Tracer:
@@ -91,6 +94,21 @@ def inject(headers: MutableMapping[str, str]) -> MutableMapping[str, str]:
 def extract(headers: Mapping[str, str]) -> Context:
     """The caller's trace context from incoming request headers (a span started in it is a child)."""
     return propagate.extract(dict(headers))
+
+
+def carry(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn`, to run on another thread (a pool's, which starts with no trace context) in the trace
+    context current where `carry` is called: its spans join the caller's trace."""
+    ctx = otel_context.get_current()
+
+    def in_context(*args: Any, **kwargs: Any) -> T:
+        token = otel_context.attach(ctx)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            otel_context.detach(token)
+
+    return in_context
 
 
 def attributes(**kw: Any) -> dict[str, Any]:

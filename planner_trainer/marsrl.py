@@ -8,7 +8,8 @@ shares the root's model samples here, any other role is an HTTP call to its serv
 the episode) → `reward` (agent-specific or outcome, filled by the program) → `exchange_redis` (each
 callee role's scored groups to its `batch.<role>` stream, its training queue); then trained
 (`RootJob.train`: the root's model on the samples of every role it holds). The job succeeds once
-every callee applied the last step.
+every callee applied the last step. With tracing on, each problem's chain is one trace: a `rollout`
+span, its delegations' `delegate` spans and the callees' `episode` spans under it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mgrpo import tracing
 from mgrpo.agents.agents import TurnAgent
 from mgrpo.records import Sample, Transcript
 from mgrpo.tasks.arithmetic import Problem, make_problems
@@ -62,7 +64,20 @@ class MarsRootJob(RootJob):
         timer = PhaseTimer(job_id=self.job_id, step=step, role=self.root)
         self.wait_bound(step, timer)
         with timer("rollout"):
-            attempts = rollout_step(self.problems(step), lambda *a: self._run(step, *a), self.settings, step)
+            attempts = rollout_step(
+                self.problems(step),
+                lambda *a: self._run(step, *a),
+                self.settings,
+                step,
+                around=lambda p: tracing.span(
+                    "rollout",
+                    job_id=self.job_id,
+                    step=step,
+                    role=self.root,
+                    query_id=p.pid,
+                    policy_version=self.version,
+                ),
+            )
         fallback = self.model.engine.weights_version
         samples = [
             Sample(a.role, a.group, a.ref, a.reward, policy_version=_version(a.ref, fallback))
@@ -88,7 +103,8 @@ class MarsRootJob(RootJob):
             return [Output(text, tr) for text, tr in self.agent.sample(prompt, n)]
         client = self.callees[role]
         body = {"job_id": self.job_id, "step": step, "query_id": group, "call": 0, "subtask": prompt}
-        done = list(self.http.map(lambda i: client.episode({**body, "rollout": i}), range(n)))
+        call = tracing.carry(lambda i: client.episode({**body, "rollout": i}))  # in the problem's trace
+        done = list(self.http.map(call, range(n)))
         return [Output(d.result, d.episode_id or "") for d in done]
 
     def close(self) -> None:

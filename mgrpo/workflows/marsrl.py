@@ -29,8 +29,9 @@ import math
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from mgrpo.agents.agents import TurnAgent
 from mgrpo.algo import alignment_seed, answer_reward, select_inputs, verifier_reward
@@ -215,10 +216,23 @@ def _right(a: Attempt | None) -> bool:
     return a is not None and a.correct
 
 
-def rollout_step(problems: Sequence[Problem], run: Run, s: MarsSettings, step: int = 0) -> list[Attempt]:
-    """All problems of a step concurrently (later agents of one problem wait for the earlier ones)."""
+def rollout_step(
+    problems: Sequence[Problem],
+    run: Run,
+    s: MarsSettings,
+    step: int = 0,
+    *,
+    around: Callable[[Problem], AbstractContextManager[Any]] | None = None,
+) -> list[Attempt]:
+    """All problems of a step concurrently (later agents of one problem wait for the earlier ones);
+    `around(problem)`: what each problem's chain runs inside, on its thread (e.g. its trace's span)."""
+
+    def one(p: Problem) -> list[Attempt]:
+        with around(p) if around is not None else nullcontext():
+            return rollout_problem(p, run, s, step)
+
     with ThreadPoolExecutor(max_workers=max(1, len(problems))) as pool:
-        per_problem = list(pool.map(lambda p: rollout_problem(p, run, s, step), problems))
+        per_problem = list(pool.map(one, problems))
     return [a for attempts in per_problem for a in attempts]
 
 

@@ -3,6 +3,7 @@ each ledger, is every training queue accounted? And API-only services to send re
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -130,3 +131,13 @@ def rank_pid(cluster: LocalCluster, role: str, rank: int, timeout_s: float = 30)
                 return int(stat.parent.name)
         time.sleep(0.2)
     raise AssertionError(f"no rank {rank} under {role}'s torchrun (pid {parent})")
+
+
+def spans_of(traces: Path) -> list[dict[str, Any]]:
+    """Every span the services wrote (`MGRPO_TRACE_DIR`), with the service that wrote it."""
+    out = []
+    for f in traces.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            span = json.loads(line)
+            out.append({**span, "service": span["resource"]["attributes"]["service.name"]})
+    return out

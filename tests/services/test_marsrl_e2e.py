@@ -18,7 +18,8 @@ from mgrpo.workflows.marsrl_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import RoleBatch, decode
-from tests.services.checks import assert_updated, final_checkpoint, moved
+from tests.services.checks import assert_updated, final_checkpoint, moved, spans_of
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -53,11 +54,12 @@ def warm():
 def cluster(tmp_path_factory, warm):
     # its own embedded Redis: the roles' dispatch streams are global, and another module's cluster may
     # also serve a solver
+    run_dir = tmp_path_factory.mktemp("marsrl")
     c = LocalCluster(
-        tmp_path_factory.mktemp("marsrl"),
+        run_dir,
         api_token=TOKEN,
         roles=ROLES,
-        extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+        extra_env={"MGRPO_CACHE_DIR": str(CACHE), "MGRPO_TRACE_DIR": str(run_dir / "traces")},
     )
     with c:
         yield c
@@ -109,6 +111,35 @@ def test_three_models_three_trainers(cluster, store, warm):
         "checkpoints"
     ]
     assert sorted((c["role"], c["step"]) for c in ckpts) == sorted((r, s) for r in ROLES for s in (0, 1))
+
+    # traces (MGRPO_TRACE_DIR): one trace per problem and step, its chain's delegations to the
+    # verifier's and corrector's services inside it, each with the callee's episode as its child
+    traces = cluster.run_dir / "traces"
+
+    def spans() -> list[dict]:
+        return [s for s in spans_of(traces) if s["attributes"].get("mgrpo.job_id") == job_id]
+
+    def complete() -> bool:
+        got = spans()
+        delegates = {s["context"]["span_id"] for s in got if s["name"] == "delegate"}
+        return bool(delegates) and delegates <= {s["parent_id"] for s in got if s["name"] == "episode"}
+
+    wait_for(complete, "every delegation's episode span written", 30)
+    got = spans()
+    rollouts = {s["context"]["span_id"]: s for s in got if s["name"] == "rollout"}
+    assert len(rollouts) == 2 * 4 and len({s["context"]["trace_id"] for s in rollouts.values()}) == 8
+    assert {(s["attributes"]["mgrpo.step"], s["service"]) for s in rollouts.values()} == {
+        (0, "mgrpo-solver"),
+        (1, "mgrpo-solver"),
+    }
+    by_id = {s["context"]["span_id"]: s for s in got}
+    episodes = [s for s in got if s["name"] == "episode"]
+    assert {e["service"] for e in episodes} == {"mgrpo-verifier", "mgrpo-corrector"}
+    for ep in episodes:
+        delegate = by_id[ep["parent_id"]]
+        rollout = rollouts[delegate["parent_id"]]  # the delegation sits in its problem's rollout span
+        assert ep["context"]["trace_id"] == rollout["context"]["trace_id"]
+        assert ep["attributes"]["mgrpo.query_id"].startswith(rollout["attributes"]["mgrpo.query_id"])
 
 
 def test_one_model_for_every_role(cluster, store, warm):

@@ -22,7 +22,7 @@ from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store
 from shared_store.schemas import MetricsEvent
-from tests.services.checks import stream_messages
+from tests.services.checks import spans_of, stream_messages
 from tests.services.test_e2e import CACHE, SMALL, TOKEN, H, wait
 from tests.waiting import wait_for
 from tests.wandb_files import history, run_info, summary
@@ -131,16 +131,6 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_mlflow_and_wandb(tr
         assert runs[role].data.tags["checkpoint"] == str(final) == summary(wandb_run)["checkpoint"]
         assert [a.path for a in client.list_artifacts(run)] == ["reward_curve.png"]
         assert acc.Tags()["images"] == ["reward_curve"] and "reward_curve/format" in offline
-
-
-def spans_of(traces: Path) -> list[dict]:
-    """Every span the services wrote, with the service that wrote it."""
-    out = []
-    for f in traces.glob("*.jsonl"):
-        for line in f.read_text().splitlines():
-            span = json.loads(line)
-            out.append({**span, "service": span["resource"]["attributes"]["service.name"]})
-    return out
 
 
 def traced(traces: Path, job_id: str) -> tuple[list[dict], bool]:

@@ -179,7 +179,7 @@ class RoleConfig(_Strict):
     )
     share_model_with: str | None = Field(
         None,
-        description="Train this role's samples with the root role's model in the root's trainer (MarsRL's one policy for every role) instead of a model and trainer of its own.",
+        description="Train this role's samples with the root role's model in the root's trainer (MarsRL's one policy for every role) instead of a model and trainer of its own; with a `lora` of its own (and one on the root), its own adapter on the root's frozen base (roles on one base).",
     )
     lora: LoraSpec | None = Field(
         None,

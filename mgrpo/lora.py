@@ -117,6 +117,20 @@ class Adapter:
             raise ValueError(_NO_LAYER.format(spec.target_modules))
         self.merge()
 
+    def shared_base(self) -> PreTrainedModel:
+        """A plain model whose every parameter is this adapter's frozen base's own tensor (shared, not
+        copied): where a co-located role puts its adapter (roles on one base in one trainer)."""
+        injected = dict(self.model.named_parameters())
+        memo: dict[int, Any] = {}
+        for name, p in self.merged.named_parameters():
+            layer, _, leaf = name.rpartition(".")
+            if layer in self.layers:  # an adapted layer: its base's tensor, not the merged one
+                memo[id(p)] = getattr(self.layers[layer].get_base_layer(), leaf)
+            else:
+                memo[id(p)] = injected[name]
+        clone: PreTrainedModel = copy.deepcopy(self.merged, memo)
+        return clone
+
     def trainable(self) -> list[torch.nn.Parameter]:
         """The adapter's parameters: all that the optimizer holds."""
         return [p for p in self.model.parameters() if p.requires_grad]

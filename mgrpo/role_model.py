@@ -29,12 +29,13 @@ import contextlib
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.checkpoint import (
     CheckpointInfo,
@@ -131,12 +132,16 @@ class RoleModel:
         job_id: str,
         last_step: int,
         max_batch: int = 64,
+        base_of: RoleModel | None = None,
     ) -> None:
         """`role`: whose model, update settings and checkpoints these are. `last_step`: the last step
         the ledger holds for the role (-1: none), resumed from its checkpoint. `placement`: the
         service's volumes, device and rollout servers (with `sglang_sync_host`, each policy is pushed
-        to the SGLang servers by broadcast, `mgrpo.engines.sglang`, not through the checkpoint folder)."""
+        to the SGLang servers by broadcast, `mgrpo.engines.sglang`, not through the checkpoint folder).
+        `base_of`: a LoRA role co-located with another in its trainer (roles on one base): this role's
+        adapter goes on that role's frozen base, whose tensors both share (`Adapter.shared_base`)."""
         self.job, self.role = job, role
+        self.tokenizer: PreTrainedTokenizerFast
         self.checkpoint_dir, self.ckpt_root = (
             placement.checkpoint_dir,
             placement.checkpoint_dir / job_id / role,
@@ -146,17 +151,29 @@ class RoleModel:
         self.world, self.ranks = joined_world(), placement.ranks
         if lora is not None:
             _check_lora_placement(role, placement, self.world)
-        source = (
-            str(resume.path)
-            if resume and lora is None  # a LoRA role's checkpoint holds its adapter: the base is loaded
-            else role_model_source(job, role, placement.cache_dir, placement.stop)
-        )
-        model, self.tokenizer = load(source)
-        model = place(model, placement.device).eval()
+        if base_of is not None:  # the other role's base, shared
+            if base_of.adapter is None or lora is None or self.world > 1:
+                raise ValueError(
+                    f"roles.{role}: a role on another role's base needs both to train LoRA adapters, in one process"
+                )
+            source, self.tokenizer = base_of.adapter.base_path, base_of.tokenizer
+            model = base_of.adapter.shared_base()
+        else:
+            source = (
+                str(resume.path)
+                if resume and lora is None  # a LoRA role's checkpoint holds its adapter: the base is loaded
+                else role_model_source(job, role, placement.cache_dir, placement.stop)
+            )
+            model, self.tokenizer = load(source)
+            model = place(model, placement.device).eval()
         self.adapter: Adapter | None = None
         if lora is not None:
             self.adapter = Adapter(
-                model, lora, base_path=source, resume=resume.path if resume else None, seed=job.cfg.seed
+                model,
+                lora,
+                base_path=source,
+                resume=resume.path if resume else None,
+                seed=job.cfg.seed + zlib.crc32(role.encode()),  # co-located roles: adapters of their own
             )
             if resume:
                 self.adapter.check_base(checkpoint_meta(resume), resume.path)

@@ -38,12 +38,15 @@ class MarsRootJob(RootJob):
         super().__init__(*args, **kw)
         self.local = self.job.root_roles
         spec = self.model.model_spec
-        self.agent = TurnAgent(
-            self.model.engine,
-            self.model.tokenizer,
-            temperature=spec.temperature,
-            max_new_tokens=spec.max_new_tokens_per_turn,
-        )
+        self.agents = {  # each local role samples from its model: the root's, or its own adapter's
+            role: TurnAgent(
+                self.heads[role].engine if role in self.heads else self.model.engine,
+                self.model.tokenizer,
+                temperature=spec.temperature,
+                max_new_tokens=spec.max_new_tokens_per_turn,
+            )
+            for role in self.local
+        }
         mc = self.cfg.marsrl
         self.settings = MarsSettings(
             self.cfg.rollouts_per_query,
@@ -100,7 +103,7 @@ class MarsRootJob(RootJob):
         """n outputs of `role` on one input: sampled here when the root holds the role's model, else
         n episodes on the role's service (recorded there under `s<step>-<group>-r<i>-c0`)."""
         if role in self.local:
-            return [Output(text, tr) for text, tr in self.agent.sample(prompt, n)]
+            return [Output(text, tr) for text, tr in self.agents[role].sample(prompt, n)]
         client = self.callees[role]
         body = {"job_id": self.job_id, "step": step, "query_id": group, "call": 0, "subtask": prompt}
         call = tracing.carry(lambda i: client.episode({**body, "rollout": i}))  # in the problem's trace

@@ -90,13 +90,20 @@ class RootJob:
         self.model = RoleModel(
             job, self.root, placement=placement, job_id=job_id, last_step=last, max_batch=self.max_batch
         )
+        # roles on one base: a role in this trainer with an adapter of its own on the root's base
+        self.heads = {
+            r: RoleModel(job, r, placement=placement, job_id=job_id, last_step=last, base_of=self.model)
+            for r in job.root_roles
+            if job.own_adapter(r)
+        }
         self.start_step = self.model.start_step
         self.last_checkpoint: str | None = None  # the newest checkpoint this trainer wrote (trackers)
         self.trackers = open_trackers(
             job.cfg, job_id, self.root, placement=placement, start_step=self.start_step, report=self.event
         )
-        if self.model.start_note:
-            self.event(self.model.start_note)
+        for m in (self.model, *self.heads.values()):
+            if m.start_note:
+                self.event(m.start_note)
         store.policies.publish(
             PolicyVersion(job_id=job_id, role=self.root, version=self.model.version, step=last)
         )
@@ -278,13 +285,20 @@ class RootJob:
         step, samples, timer, r = rollouts.step, rollouts.samples, rollouts.timer, self.root
         with timer("adv"):
             adv = assign_advantages(samples)
+        own = {h: [s for s in samples if s.role == h] for h in self.heads}  # roles on the root's base
         with timer("update"):
-            metrics = self.model.update(samples, seed=step)
+            metrics = self.model.update([s for s in samples if s.role not in own], seed=step)
+            heads = {h: m.update(own[h], seed=step) for h, m in self.heads.items()}
         with timer("checkpoint"):
             ckpt = self.model.save(step)
             self.last_checkpoint = str(ckpt.path)
+            for m in self.heads.values():
+                m.save(step)
         with timer("exchange_redis"):
-            self.account_trained(step, len(samples), metrics)
+            dropped = sum(int(m.get("stale_dropped", 0)) for m in heads.values())
+            self.account_trained(
+                step, len(samples), {**metrics, "stale_dropped": metrics.get("stale_dropped", 0) + dropped}
+            )
             done = PolicyVersion(
                 job_id=self.job_id,
                 role=r,
@@ -295,6 +309,7 @@ class RootJob:
             self.store.commit_step(done, roles=self.job.trainer_roles)
         values = {
             **{f"{r}/{k}": v for k, v in metrics.items()},
+            **{f"{h}/{k}": v for h, m in heads.items() for k, v in m.items()},
             **rollouts.values,
             **{f"{r}/{k}": v for k, v in advantage_stats(adv).items()},
             f"{r}/version": float(self.version),
@@ -320,6 +335,8 @@ class RootJob:
 
     def close(self) -> None:
         self.trackers.close(checkpoint=self.last_checkpoint)
+        for m in self.heads.values():
+            m.close()
         self.model.close()
 
     def finish(self) -> None:

@@ -342,7 +342,7 @@ def demo(
         typer.Option(
             min=0,
             max=256,
-            help="Train a LoRA adapter of this rank on each role's frozen warm start instead of all its weights (0: off).",
+            help="Train a LoRA adapter of this rank on each role's frozen warm start instead of all its weights (0: off); with --shared, each MarsRL role its own adapter on the one shared base.",
         ),
     ] = 0,
 ) -> None:

@@ -66,14 +66,14 @@ def marsrl_job(
     tracking: tuple[str, ...] = (),
     lora: int = 0,
 ) -> JobConfig:
-    """The MarsRL demo's job (`lora` > 0: each trainer role trains an adapter of that rank)."""
+    """The MarsRL demo's job (`lora` > 0: each role trains an adapter of that rank; with `shared`,
+    three adapters on the one shared base in the solver's trainer)."""
     adapter = {"lora": {"rank": lora, "alpha": 2 * lora}} if lora else {}
     roles: dict[str, Any] = {r: {"optim": {"lr": lr}, **adapter} for r in ROLES}
     if shared:
         roles = {
             "solver": roles["solver"],
-            "verifier": {"share_model_with": "solver"},
-            "corrector": {"share_model_with": "solver"},
+            **{r: {"share_model_with": "solver", "optim": {"lr": lr}, **adapter} for r in ROLES[1:]},
         }
     return JobConfig(
         workflow="marsrl",
@@ -84,6 +84,13 @@ def marsrl_job(
         warmstart_steps=warmstart_steps,
         tracking=list(tracking),
     )
+
+
+def _on_the_solvers_volume(solver_checkpoint: str, role: str) -> Path:
+    """A role's checkpoint of the same step when it trains its own adapter in the solver's trainer:
+    `<job>/<role>/step-N` beside the solver's `<job>/solver/step-N`."""
+    path = Path(solver_checkpoint)
+    return path.parent.parent / role / path.name
 
 
 def majority_baseline(cfg: MarsWarmstartConfig, n: int) -> float:
@@ -146,7 +153,9 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
         "before": dict.fromkeys(ROLES, load(warm.path("shared")))
         if shared
         else {r: load(warm.path(r)) for r in ROLES},
-        "after": dict.fromkeys(ROLES, load(latest["solver"]))
+        "after": {r: load(_on_the_solvers_volume(latest["solver"], r)) for r in ROLES}
+        if shared and options.lora
+        else dict.fromkeys(ROLES, load(latest["solver"]))
         if shared
         else {r: load(latest[r]) for r in ROLES},
     }

@@ -137,7 +137,14 @@ class JobSpec:
         return [ToolConfig(name=n) for n in spec.tools if n in BUILTIN_TOOLS]
 
     def shares_root(self, role: str) -> bool:
+        """Whether the role runs in the root's trainer (with the root's model, or its own adapter on
+        the root's base: `own_adapter`) rather than a trainer of its own."""
         return self.role(role).share_model_with is not None
+
+    def own_adapter(self, role: str) -> bool:
+        """Whether a role in the root's trainer trains an adapter of its own on the root's frozen base
+        (roles on one base), rather than the root's model itself."""
+        return self.shares_root(role) and self.lora_of(role) is not None
 
     @property
     def trainer_roles(self) -> tuple[str, ...]:
@@ -200,10 +207,13 @@ def _roles(spec: JobSpec) -> None:
             )
         if rc.share_model_with is None:
             continue
-        if rc.lora is not None:
+        root = spec.cfg.roles.get(rc.share_model_with or "")
+        if rc.lora is not None and (root is None or root.lora is None):
             raise JobConfigError(
                 ("roles", name, "lora"),
-                f"roles.{name}.lora: the role trains with {rc.share_model_with}'s model; give the adapter there",
+                f"roles.{name}.lora: an adapter of its own on {rc.share_model_with}'s base needs that base "
+                f"frozen: give roles.{rc.share_model_with}.lora too, or drop this lora to train with "
+                f"{rc.share_model_with}'s model",
             )
         where = ("roles", name, "share_model_with")
         if not wf.shares_root_model:

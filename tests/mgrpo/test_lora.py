@@ -238,10 +238,71 @@ def test_config_errors_say_what_to_fix(folder):
         LoraSpec(target_modules=["q_proj; rm -rf /"])
     with pytest.raises(ValidationError):
         LoraSpec(rank=0)
-    roles = {"planner": {"lora": {}}, "verifier": {"share_model_with": "planner", "lora": {}}}
-    with pytest.raises(JobConfigError, match="give the adapter there"):
-        job_spec(
-            JobConfig(workflow="marsrl", roles={"solver": roles["planner"], "verifier": roles["verifier"]})
-        )
+    with pytest.raises(JobConfigError, match=r"give roles.solver.lora too"):
+        job_spec(JobConfig(workflow="marsrl", roles={"verifier": {"share_model_with": "solver", "lora": {}}}))
     with pytest.raises(ValueError, match="matches no linear layer"):
         Adapter(load(folder)[0], LoraSpec(target_modules=["nothing_here"]), base_path=str(folder))
+
+
+def test_two_roles_on_one_base_each_train_their_own_adapter(folder, tmp_path):
+    """Roles on one base (MarsRL's verifier with its own adapter in the solver's trainer): every base
+    tensor is one tensor in memory for both; an update of either moves its own adapter only, with its
+    own optimizer, and each engine samples from its own base + adapter; checkpoints and resume per role."""
+    roles = {
+        "solver": {"model": {"path": str(folder)}, "lora": SPEC.model_dump()},
+        "verifier": {"share_model_with": "solver", "lora": SPEC.model_dump()},
+    }
+    job = job_spec(JobConfig(workflow="marsrl", roles=roles))
+    assert job.own_adapter("verifier") and not job.own_adapter("solver")
+    placement = Placement(cache_dir=tmp_path, checkpoint_dir=tmp_path)
+
+    def opened(last_step=-1):
+        root = RoleModel(job, "solver", placement=placement, job_id="j", last_step=last_step)
+        head = RoleModel(job, "verifier", placement=placement, job_id="j", last_step=last_step, base_of=root)
+        return root, head
+
+    def adapters(m):
+        return {n: p.detach().clone() for n, p in m.adapter.peft.named_parameters() if ".lora_" in n}
+
+    root, head = opened()
+    try:
+        base = {p.data_ptr() for n, p in root.adapter.model.named_parameters() if ".lora_" not in n}
+        mine = {p.data_ptr() for n, p in head.adapter.model.named_parameters() if ".lora_" not in n}
+        assert mine == base  # one base in memory
+        held = [{id(p) for g in m.optimizer.param_groups for p in g["params"]} for m in (root, head)]
+        assert not held[0] & held[1] and held[1] == {id(p) for p in head.adapter.trainable()}
+        start = {m.role: adapters(m) for m in (root, head)}
+        assert any(not torch.equal(start["solver"][k], start["verifier"][k]) for k in start["solver"])
+        saved = load_file(str(folder / "model.safetensors"))
+        for m, other in ((head, root), (root, head)):
+            m.update(sampled(m, version=m.version), seed=len(m.role))
+            moved, kept = adapters(m), adapters(other)
+            assert all(not torch.equal(moved[k], start[m.role][k]) for k in moved if "lora_B" in k), m.role
+            assert all(torch.equal(kept[k], start[other.role][k]) for k in kept), (
+                f"{m.role} moved {other.role}"
+            )
+            start[m.role] = moved
+        for n, p in head.adapter.peft.named_parameters():
+            if ".lora_" not in n:
+                assert torch.equal(
+                    p, saved[n.removeprefix("base_model.model.").replace(".base_layer", "")]
+                ), n
+        ids = [5, 6, 7, 8, 9]
+        for m in (root, head):
+            assert torch.allclose(logits(m.engine.model, ids), logits(m.adapter.peft, ids), atol=1e-5, rtol=0)
+        assert not torch.allclose(logits(root.engine.model, ids), logits(head.engine.model, ids))
+        ckpts = [m.save(0).path for m in (root, head)]
+        assert [c.parent.name for c in ckpts] == ["solver", "verifier"]
+    finally:
+        root.close()
+        head.close()
+    root, head = opened(last_step=0)
+    try:
+        for m in (root, head):
+            got = adapters(m)
+            assert all(torch.equal(got[k], start[m.role][k]) for k in got), (
+                f"{m.role} resumed another adapter"
+            )
+    finally:
+        root.close()
+        head.close()

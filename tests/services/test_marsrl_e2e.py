@@ -5,14 +5,17 @@ so the roles already write turns and rewards vary."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from mgrpo.config import JobConfig
+from mgrpo.models import load
 from mgrpo.workflows import job_spec
 from mgrpo.workflows.marsrl_warmstart import cached_warmstart
 from services.launcher import LocalCluster
@@ -151,6 +154,33 @@ def test_one_model_for_every_role(cluster, store, warm):
     last = job["latest_metrics"]["solver"]
     assert last["solver/samples"] == 8 and last["verifier/samples"] >= 8  # one update on every role's samples
     assert not store.client.exists(keys.stream(job_id, keys.batch_stream("verifier")))  # nothing for a callee
+
+
+def test_every_role_its_own_adapter_on_one_base(cluster, store, warm):
+    """Roles on one base: the solver's trainer holds the shared warm start once, frozen, and each role
+    trains its own LoRA adapter on it with its own update; each role's checkpoints are its adapter."""
+    lora = {"rank": 8, "alpha": 16}
+    roles = {
+        "solver": {"optim": {"lr": 1e-3}, "lora": lora},
+        **{r: {"share_model_with": "solver", "optim": {"lr": 1e-3}, "lora": lora} for r in ROLES[1:]},
+    }
+    job_id = submit(cluster, {**SHARED, "roles": roles})
+    job = wait(cluster, job_id)
+    assert job["status"] == "succeeded", job["reason"]
+    assert job["roles"] == ["solver"] and job["steps_done"] == {"solver": 1}
+    last = job["latest_metrics"]["solver"]
+    for role in ROLES:  # an update per role, each on its own samples
+        assert f"{role}/loss" in last and f"{role}/adapter_bytes" in last, sorted(last)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    outs = {}
+    for role in ROLES:
+        (ckpt,) = sorted((cluster.checkpoint_dir("solver") / job_id / role).glob("step-*"))[-1:]
+        assert (ckpt / "adapter_config.json").exists() and not (ckpt / "model.safetensors").exists()
+        meta = json.loads((ckpt / "mgrpo.json").read_text())
+        assert Path(meta["lora_base"]["path"]).resolve() == Path(warm.path("shared")).resolve()
+        with torch.no_grad():
+            outs[role] = load(ckpt)[0](input_ids=ids).logits
+    assert not torch.allclose(outs["verifier"], outs["corrector"])  # two adapters, not one
 
 
 def test_kill_9_of_a_random_role_resumes_exactly_once(cluster, store):

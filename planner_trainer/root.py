@@ -205,9 +205,10 @@ class RootJob:
         if self._stop.is_set():
             raise _Stopped()
 
-    def account_trained(self, step: int, n_samples: int, metrics: dict[str, float]) -> None:
-        """The root's own queue for `step`: what its update trained and what it dropped as stale."""
-        dropped = int(metrics.get("stale_dropped", 0))
+    def account_trained(self, step: int, n_samples: int, updates: list[dict[str, float]]) -> None:
+        """The root's own queue for `step`: what its updates (the root's, and those of the roles on
+        its base) trained and what they dropped as stale."""
+        dropped = sum(int(m.get("stale_dropped", 0)) for m in updates)
         self.store.accounts.record(self.job_id, self.root, step, trained=n_samples - dropped, dropped=dropped)
 
     def finish_values(self, rollouts: Rollouts) -> dict[str, float]:
@@ -295,10 +296,7 @@ class RootJob:
             for m in self.heads.values():
                 m.save(step)
         with timer("exchange_redis"):
-            dropped = sum(int(m.get("stale_dropped", 0)) for m in heads.values())
-            self.account_trained(
-                step, len(samples), {**metrics, "stale_dropped": metrics.get("stale_dropped", 0) + dropped}
-            )
+            self.account_trained(step, len(samples), [metrics, *heads.values()])
             done = PolicyVersion(
                 job_id=self.job_id,
                 role=r,

@@ -67,3 +67,14 @@ def summary(path: Path) -> dict[str, Any]:
             for i in r.summary.update:
                 out[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
     return out
+
+
+def finished(folder: Path, runs: int) -> list[Path]:
+    """The run files under `folder` once `runs` of them hold their run's end (an `exit` record), else
+    []: W&B's own writer process may still be writing a file after `run.finish()` returned."""
+    files = sorted(folder.glob("wandb/offline-run-*/run-*.wandb"))
+    try:
+        done = [f for f in files if any(r.WhichOneof("record_type") == "exit" for r in records(f))]
+    except AssertionError:  # not even the header yet
+        return []
+    return files if len(done) == runs == len(files) else []

@@ -21,6 +21,7 @@ from mgrpo.role_model import RoleModel
 from mgrpo.runtime import Placement
 from mgrpo.training import UpdateSettings, ppo_update
 from mgrpo.workflows import JobConfigError, job_spec
+from tests.mgrpo.test_role_model import samples_of
 
 SPEC = LoraSpec(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 PROMPT = "who was born in"
@@ -38,20 +39,9 @@ def role_model(folder, tmp_path, *, last_step=-1, lora=SPEC, **job):
     return RoleModel(job_spec(cfg), "planner", placement=placement, job_id="j", last_step=last_step)
 
 
-def sampled(m, n=4, version=0):
-    """`n` rollouts of the role's engine with advantages ±1."""
-    ids = m.tokenizer.encode(PROMPT, add_special_tokens=False)
-    out = []
-    for i in range(n):
-        (s,) = m.engine.generate([ids], SamplingParams(max_new_tokens=6, seed=i))
-        tr = Transcript(
-            ids + s.token_ids,
-            [0.0] * len(ids) + s.logprobs,
-            [0] * len(ids) + [1] * len(s.token_ids),
-            len(ids),
-        )
-        out.append(Sample("planner", "g", tr, 0.0, advantage=1.0 if i % 2 else -1.0, policy_version=version))
-    return out
+def sampled(m, version=0):
+    """Four rollouts of the role's engine with advantages ±1 (`samples_of`)."""
+    return samples_of(m, [version] * 4)
 
 
 def logits(model, ids):

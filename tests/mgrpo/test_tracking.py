@@ -15,7 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mgrpo.config import TRACKERS, JobConfig
 from mgrpo.runtime import Placement
 from mgrpo.tracking import _OPENERS, Trackers, flat_params, open_trackers
-from tests.wandb_files import history, run_info, summary
+from tests.waiting import wait_for
+from tests.wandb_files import finished, history, run_info, summary
 
 
 def scalars(folder) -> dict[str, list[tuple[int, float]]]:
@@ -204,8 +205,9 @@ def test_wandb_offline_one_run_per_role_grouped_by_the_job(tmp_path, monkeypatch
             said.startswith(f"tracking: {role}'s metrics of {len(steps)} steps in wandb ")
             and "offline" in said
         )
+    wait_for(lambda: finished(tmp_path / "wandb", 2), "W&B's writer wrote both runs to their end", 60)
     runs = {}
-    for f in (tmp_path / "wandb").glob("wandb/offline-run-*/run-*.wandb"):
+    for f in finished(tmp_path / "wandb", 2):
         info = run_info(f)
         runs[info.job_type] = (info, history(f), f)
     assert sorted(runs) == ["planner", "subagent"]

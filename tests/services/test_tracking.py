@@ -25,7 +25,7 @@ from shared_store.schemas import MetricsEvent
 from tests.services.checks import spans_of, stream_messages
 from tests.services.test_e2e import CACHE, SMALL, TOKEN, H, wait
 from tests.waiting import wait_for
-from tests.wandb_files import history, run_info, summary
+from tests.wandb_files import finished, history, run_info, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
@@ -108,7 +108,8 @@ def test_every_roles_metrics_of_every_step_reach_tensorboard_mlflow_and_wandb(tr
         assert "; wandb " in e and "offline" in e, e
     assert not [e for e in told if e.startswith("tracker ")], told  # no tracker failed
 
-    wandb_files = list((tracking / "wandb").glob("wandb/offline-run-*/run-*.wandb"))
+    wait_for(lambda: finished(tracking / "wandb", 2), "W&B's writer wrote both roles' runs to their end", 60)
+    wandb_files = finished(tracking / "wandb", 2)
     client = MlflowClient(tracking_uri=f"sqlite:///{tracking / 'mlflow.db'}")
     exp = client.get_experiment_by_name("mgrpo").experiment_id
     runs = {r.data.tags["role"]: r for r in client.search_runs([exp], f"tags.job_id = '{job_id}'")}

@@ -64,6 +64,12 @@ def runs(tmp_path_factory):
     save(out / "w1-1.pt", model.state_dict(), optimizer_state(model, opt), m1)
     m2 = one_rank_update(model, opt, tok.pad_token_id, len(tok), 1)
     save(out / "w1-2.pt", model.state_dict(), optimizer_state(model, opt), m2)
+    on_two_ranks("two_ranks.py", out)
+    return out, start
+
+
+def on_two_ranks(script: str, out: Path) -> None:
+    """Run tests/mgrpo/parallel/`script` under torchrun on 2 local ranks (gloo), writing into `out`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -71,12 +77,11 @@ def runs(tmp_path_factory):
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node=2",
-        str(ROOT / "tests/mgrpo/parallel/two_ranks.py"),
+        str(ROOT / "tests/mgrpo/parallel" / script),
         str(out),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out, start
 
 
 def load(path: Path) -> dict:
@@ -166,18 +171,7 @@ def test_a_lora_role_on_two_ranks_trains_as_on_one(tmp_path):
             ref_model=ref,
         )
         one.append(({n: p.detach().clone() for n, p in model.named_parameters()}, metrics))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        str(ROOT / "tests/mgrpo/parallel/lora_ranks.py"),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    on_two_ranks("lora_ranks.py", tmp_path)
     for n, (weights, metrics) in enumerate(one, start=1):
         two = load(tmp_path / f"lora-w2-{n}.pt")
         adapter = {k: v for k, v in weights.items() if ".lora_" in k}

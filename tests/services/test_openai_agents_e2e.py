@@ -17,6 +17,7 @@ import torch
 from openai import AuthenticationError, OpenAI
 from transformers import AutoModelForCausalLM
 
+from mgrpo.models import load
 from mgrpo.workflows.openai_agents import Call
 from services.launcher import LocalCluster
 from shared_store import Store
@@ -70,6 +71,9 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
         "reward": {"kind": "http", "url": reward.url},
         "roles": {r: {"model": {"path": str(p)}, "optim": {"lr": 1e-3}} for r, p in models.items()},
     }
+    job["roles"]["searcher"] |= {
+        "lora": {"rank": 4, "alpha": 8}
+    }  # served over the OpenAI API as base + adapter
     try:
         r = httpx.post(f"{cluster.url('controller')}/v1/jobs", json=job, headers=H, timeout=30)
         assert r.status_code == 201, r.text
@@ -95,8 +99,9 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
         assert counts["produced"] > 0 and counts["trained"] > 0, (role, counts)
         ckpt = sorted((cluster.run_dir / "checkpoints" / role / job_id / role).glob("step-*"))[-1]
         before = dict(AutoModelForCausalLM.from_pretrained(str(models[role])).named_parameters())
-        after = dict(AutoModelForCausalLM.from_pretrained(str(ckpt)).named_parameters())
+        after = dict(load(ckpt)[0].named_parameters())  # a LoRA role's adapter folder: merged
         assert any(not torch.equal(p, before[n]) for n, p in after.items()), f"{role} never moved"
+        assert (ckpt / "adapter_config.json").exists() == (role == "searcher"), role
     ids = Store.connect(cluster.redis_url).episodes.step_ids(job_id, 1)
     keys = [(e, parse_episode_id(e)) for e in ids]
     calls = [Call.of(e, k.query_id, k.rollout, k.call) for e, k in keys if k is not None]

@@ -293,10 +293,19 @@ class RootJob:
         with timer("checkpoint"):
             ckpt = self.model.save(step)
             self.last_checkpoint = str(ckpt.path)
-            for m in self.heads.values():
-                m.save(step)
+            saved = {h: m.save(step) for h, m in self.heads.items()}
         with timer("exchange_redis"):
             self.account_trained(step, len(samples), [metrics, *heads.values()])
+            for h, info in saved.items():  # the roles on the root's base: their versions and checkpoints
+                self.store.policies.publish(
+                    PolicyVersion(
+                        job_id=self.job_id,
+                        role=h,
+                        version=self.heads[h].version,
+                        step=step,
+                        checkpoint=self.heads[h].shown(info.path),
+                    )
+                )
             done = PolicyVersion(
                 job_id=self.job_id,
                 role=r,

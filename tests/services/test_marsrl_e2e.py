@@ -181,6 +181,10 @@ def test_every_role_its_own_adapter_on_one_base(cluster, store, warm):
         with torch.no_grad():
             outs[role] = load(ckpt)[0](input_ids=ids).logits
     assert not torch.allclose(outs["verifier"], outs["corrector"])  # two adapters, not one
+    listed = httpx.get(f"{cluster.url('controller')}/v1/jobs/{job_id}/checkpoints", headers=H).json()
+    assert sorted((c["role"], c["step"], c["checkpoint"]) for c in listed["checkpoints"]) == sorted(
+        (r, s, f"{job_id}/{r}/step-{s:06d}") for r in ROLES for s in (0, 1)
+    )  # each role's adapter checkpoints, on the solver's volume
 
 
 def test_kill_9_of_a_random_role_resumes_exactly_once(cluster, store):

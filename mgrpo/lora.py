@@ -137,7 +137,8 @@ class Adapter:
 
     @property
     def bytes(self) -> int:
-        """The adapter's size: what a sync to a remote engine moves per update (the full model's, merged)."""
+        """The adapter's size: what a push to a rollout server moves per update (a role training all
+        its weights moves the whole model)."""
         return sum(p.numel() * p.element_size() for p in self.trainable())
 
     @torch.no_grad()

@@ -8,20 +8,17 @@ adapted layers hold W + (alpha / r)·B·A after each `merge()` (the hf engine's 
 weights by attribute, which would bypass an unmerged LoRA layer). The KL reference is the base itself
 with the adapter switched off (`reference`), not a second copy.
 
-Checkpoints are peft adapter folders (`save`: adapter_config.json naming the base's path,
-adapter_model.safetensors), which `peft.PeftModel.from_pretrained`, transformers and SGLang's LoRA
+Checkpoints are peft adapter folders (`peft.save_pretrained`: adapter_config.json naming the base's
+path, adapter_model.safetensors), which `peft.PeftModel.from_pretrained`, transformers and SGLang's LoRA
 loading read, and which `mgrpo.models.load` loads merged. The checkpoint's `mgrpo.json` records the
 base's path and sha256 (`meta`); a resume onto another base is refused (`check_base`)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
 import math
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +27,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from mgrpo.config import LoraSpec
+from mgrpo.models import ADAPTER_CONFIG, quiet_peft
 
 if TYPE_CHECKING:  # peft costs two seconds at import: every trainer would pay it, not only LoRA roles'
     from peft import LoraConfig, PeftModel
@@ -54,14 +52,6 @@ def peft_config(spec: LoraSpec) -> LoraConfig:
         bias="none",
         task_type="CAUSAL_LM",
     )
-
-
-@contextlib.contextmanager
-def quiet_peft() -> Iterator[None]:
-    """peft 0.21 asks transformers 5 a question it deprecated: the FutureWarning says nothing to a user."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        yield
 
 
 def weights_sha256(path: str | Path) -> str:
@@ -89,14 +79,16 @@ class Adapter:
         base_path: str,
         resume: Path | None = None,
         seed: int = 0,
+        base_sha256: str | None = None,
     ) -> None:
         """`base`: the role's starting model, loaded from `base_path`; the adapter is new (its A drawn
-        with `seed`, B = 0, so the role starts as the base) or the one of a checkpoint (`resume`)."""
+        with `seed`, B = 0, so the role starts as the base) or the one of a checkpoint (`resume`).
+        `base_sha256`: the base's `weights_sha256` when already known (roles on one base: hashed once)."""
         from peft import PeftModel, get_peft_model  # two seconds at import: LoRA roles only
         from peft.tuners.lora import LoraLayer  # ditto
 
         self.spec, self.base_path = spec, base_path
-        self.base_sha256 = weights_sha256(base_path)
+        self.base_sha256 = weights_sha256(base_path) if base_sha256 is None else base_sha256
         self.merged = _plain_copy(base)
         with torch.random.fork_rng(devices=[]), quiet_peft():
             torch.manual_seed(seed)
@@ -153,10 +145,6 @@ class Adapter:
         """The base model's forward (the adapter off): the KL penalty's frozen starting model."""
         return base_forward(self.model, **inputs)
 
-    def save(self, folder: Path) -> None:
-        """peft's adapter folder (adapter_config.json, adapter_model.safetensors)."""
-        self.peft.save_pretrained(str(folder))
-
     def meta(self) -> dict[str, Any]:
         """What a checkpoint records of the base (`check_base` compares it on resume)."""
         return {"lora_base": {"path": self.base_path, "sha256": self.base_sha256}}
@@ -205,7 +193,7 @@ def adapter_deltas(folder: str | Path) -> dict[str, torch.Tensor]:
     (`mgrpo engine`); a folder of another kind of adapter (DoRA, fan-in-fan-out layers) is refused."""
     path = Path(folder)
     try:
-        config = json.loads((path / "adapter_config.json").read_text())
+        config = json.loads((path / ADAPTER_CONFIG).read_text())
         tensors = load_file(str(path / "adapter_model.safetensors"))
     except (OSError, ValueError) as exc:
         raise ValueError(

@@ -8,9 +8,10 @@ same code that loads a real checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -139,10 +140,17 @@ def _merged_adapter(folder: str, **kwargs: Any) -> tuple[PreTrainedModel, str]:
             f"adapter folder {folder} names no base model (adapter_config.json's base_model_name_or_path)"
         )
     base = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
-    with warnings.catch_warnings():  # peft 0.21 asks transformers 5 a deprecated question: nothing for a user
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    with quiet_peft():
         merged: PreTrainedModel = PeftModel.from_pretrained(base, folder).merge_and_unload()
     return merged, base_path
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft 0.21 asks transformers 5 a question it deprecated: the FutureWarning says nothing to a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def place(model: PreTrainedModel, device: torch.device | str) -> PreTrainedModel:

@@ -174,6 +174,7 @@ class RoleModel:
                 base_path=source,
                 resume=resume.path if resume else None,
                 seed=job.cfg.seed + zlib.crc32(role.encode()),  # co-located roles: adapters of their own
+                base_sha256=base_of.adapter.base_sha256 if base_of and base_of.adapter else None,
             )
             if resume:
                 self.adapter.check_base(checkpoint_meta(resume), resume.path)

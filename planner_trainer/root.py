@@ -296,14 +296,14 @@ class RootJob:
             saved = {h: m.save(step) for h, m in self.heads.items()}
         with timer("exchange_redis"):
             self.account_trained(step, len(samples), [metrics, *heads.values()])
-            for h, info in saved.items():  # the roles on the root's base: their versions and checkpoints
+            for h, m in self.heads.items():  # the roles on the root's base: their versions and checkpoints
                 self.store.policies.publish(
                     PolicyVersion(
                         job_id=self.job_id,
                         role=h,
-                        version=self.heads[h].version,
+                        version=m.version,
                         step=step,
-                        checkpoint=self.heads[h].shown(info.path),
+                        checkpoint=m.shown(saved[h].path),
                     )
                 )
             done = PolicyVersion(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, Literal, cast
@@ -43,7 +42,7 @@ from transformers import PreTrainedModel
 
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.hf import HFEngine
-from mgrpo.engines.sglang import weight_version
+from mgrpo.engines.sglang import adapter_version, weight_version
 from mgrpo.lora import adapter_deltas
 from mgrpo.models import load
 from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group, unflatten_bytes
@@ -198,8 +197,7 @@ class EngineServer:
                 "error_message": f"the adapter at {req.lora_path} adapts {missing[:3]}, which this server's "
                 "model does not have in that shape: was it trained on the base this server serves?",
             }
-        named = re.search(r"-v(\d+)$", req.lora_name)
-        version = int(named.group(1)) if named else engine.weights_version + 1
+        version = adapter_version(req.lora_name, engine.weights_version + 1)
         with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
             for name in deltas:
                 self.base.setdefault(name, params[name].detach().clone())  # never merged into before

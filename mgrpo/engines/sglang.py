@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -226,7 +227,7 @@ class SGLangEngine:
     def load_adapter(self, path: str, version: int) -> None:
         """Load a LoRA role's adapter folder (the server can read it) as policy `version`: later
         requests name it (module docstring)."""
-        name = f"mgrpo-v{version}"
+        name = adapter_name(version)
         out = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangError(
@@ -323,6 +324,17 @@ class SGLangEngine:
             close_weight_group(self._group)
             self._group = None
         self._client.close()
+
+
+def adapter_name(version: int) -> str:
+    """The name policy `version`'s LoRA adapter is loaded under on a rollout server."""
+    return f"mgrpo-v{version}"
+
+
+def adapter_version(name: str, default: int) -> int:
+    """The policy version an adapter's name says (`adapter_name`), else `default`."""
+    found = re.fullmatch(r".*-v(\d+)", name)
+    return int(found.group(1)) if found else default
 
 
 def weight_version(given: object, default: int) -> int:

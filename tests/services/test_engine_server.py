@@ -237,6 +237,17 @@ def served_engine(base):
     return HFEngine(model, tokenizer, own_weights=True), model
 
 
+PROMPTS = [[5, 6, 7], [8, 9]]
+
+
+def assert_samples_from_adapter(m, version):
+    """The role's rollouts come from policy `version`, with the trained base + adapter's log-probs."""
+    out = m.engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, seed=1))
+    assert [s.weights_version for s in out] == [version] * len(PROMPTS)
+    with torch.no_grad():
+        assert_logprobs(m.adapter.peft, PROMPTS, out)
+
+
 def test_a_lora_role_sends_its_servers_adapter_folders_only(tokenizer, tmp_path):
     """A LoRA role on `mgrpo engine` (real HTTP, the real client): the server starts on the base, then
     takes each checkpoint as an adapter folder (`/load_lora_adapter`, never a full update), every
@@ -253,11 +264,7 @@ def test_a_lora_role_sends_its_servers_adapter_folders_only(tokenizer, tmp_path)
             for step in range(2):
                 m.update(samples_of(m, [step, step]), seed=step)
                 m.save(step)
-            prompts = [[5, 6, 7], [8, 9]]
-            out = m.engine.generate(prompts, SamplingParams(max_new_tokens=6, seed=1))
-            assert [s.weights_version for s in out] == [2, 2]
-            with torch.no_grad():
-                assert_logprobs(m.adapter.peft, prompts, out)
+            assert_samples_from_adapter(m, 2)
         finally:
             m.close()
     assert standin.calls["update"] == [str(base)]  # the base, once; after that adapters only
@@ -269,10 +276,7 @@ def test_a_lora_role_sends_its_servers_adapter_folders_only(tokenizer, tmp_path)
     with standin as url:
         resumed = lora_role(base, tmp_path, url, last_step=1)
         try:
-            out = resumed.engine.generate(prompts, SamplingParams(max_new_tokens=6, seed=1))
-            assert [s.weights_version for s in out] == [2, 2]
-            with torch.no_grad():
-                assert_logprobs(resumed.adapter.peft, prompts, out)
+            assert_samples_from_adapter(resumed, 2)
         finally:
             resumed.close()
     assert standin.calls["load_lora"] == ["mgrpo-v2"]

@@ -108,6 +108,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "mgrpo.advantages",
             "mgrpo.presets",
             "mgrpo.config",
+            "mgrpo.role_config",
             "mgrpo.timing",
             "mgrpo.tracing",
             "mgrpo.reproducibility",

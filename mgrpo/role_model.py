@@ -100,7 +100,7 @@ def _start_note(
 
 def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
     """A LoRA role trains in one process or on FSDP2 ranks; its rollout servers take adapter folders."""
-    if placement.ranks is not None and placement.ranks.backend != "fsdp":
+    if placement.ranks is not None and not placement.ranks.trains_adapters:
         raise ValueError(
             f"roles.{role}.lora: a LoRA role trains on W ranks with the fsdp backend; start its trainer "
             f"with --backend fsdp (this one runs {placement.ranks.backend}), or drop lora"

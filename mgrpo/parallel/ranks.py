@@ -79,9 +79,11 @@ class RankGroup:
         ref_source: Any = None,
         lora: dict[str, Any] | None = None,
     ) -> None:
-        if lora is not None and self.backend != "fsdp":
-            raise ValueError("a LoRA role trains on W ranks with the fsdp backend only (not megatron)")
-        stages = {"pipeline": self.stages} if self.backend == "megatron" else {"lora": lora}
+        if lora is not None and not self.trains_adapters:
+            raise ValueError(f"a LoRA role trains on W ranks with the fsdp backend only (not {self.backend})")
+        extra: dict[str, Any] = {"pipeline": self.stages} if self.backend == "megatron" else {}
+        if lora is not None:
+            extra["lora"] = lora
         self.policy = policy_class(self.backend)(
             config,
             lr,
@@ -89,8 +91,13 @@ class RankGroup:
             optimizer_state=optimizer_state,
             with_ref=with_ref,
             ref_source=ref_source,
-            **stages,
+            **extra,
         )
+
+    @property
+    def trains_adapters(self) -> bool:
+        """Whether this group's backend trains a LoRA role's adapter (`mgrpo.lora`)."""
+        return policy_class(self.backend).trains_adapters
 
     def _opened(self) -> ShardedPolicy | MegatronPolicy:
         if self.policy is None:

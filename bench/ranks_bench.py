@@ -49,6 +49,7 @@ from bench.weight_sync import (  # noqa: E402
     tokenizer,
 )
 from mgrpo.models import build_model  # noqa: E402
+from mgrpo.parallel.backends import backend as backend_named  # noqa: E402
 from mgrpo.parallel.ranks import policy_class  # noqa: E402
 from mgrpo.records import Sample, Transcript  # noqa: E402
 from mgrpo.training import UpdateSettings, ppo_update  # noqa: E402
@@ -90,7 +91,7 @@ def two_ranks(args) -> None:
     for arm, (backend, stages) in ARMS.items():
         suffix = "" if arm == "fsdp" else f"_{arm}"
         fresh_parallel_state(stages)
-        kw = {"pipeline": stages} if backend == "megatron" else {}
+        kw = {"pipeline": stages} if backend_named(backend).pipelines else {}
         policy = policy_class(backend)(model.config.to_dict(), 1e-5, source=model if rank0 else None, **kw)
         settings = piped if stages > 1 else SETTINGS
         s = median_time(

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mgrpo.models import n_params, train_tokenizer  # noqa: E402
+from mgrpo.parallel.backends import backend as backend_named  # noqa: E402
+from mgrpo.parallel.fsdp import ShardedPolicy  # noqa: E402
 from mgrpo.parallel.ranks import policy_class  # noqa: E402
 
 # name → Qwen3 shape (vocab 320): random weights for the sync sizes
@@ -116,7 +118,7 @@ def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp"
     import torch.distributed as dist
 
     full = model_of(shape, tok)
-    kw = {"pipeline": stages} if backend == "megatron" else {}
+    kw = {"pipeline": stages} if backend_named(backend).pipelines else {}
     policy = policy_class(backend)(full.config.to_dict(), 1e-5, source=full if rank0 else None, **kw)
     nbytes = sum(p.numel() * p.element_size() for p in full.parameters())
 
@@ -127,7 +129,7 @@ def sync_sizes(shape: str, tok, rank0: bool, repeats: int, backend: str = "fsdp"
 
     flat = torch.zeros(nbytes // 4, dtype=torch.float32)
     sync_s = median_time(lambda: policy.sync_into(full if rank0 else None), repeats)
-    sd_s = median_time(state_dict_sync, repeats) if backend == "fsdp" else float("nan")
+    sd_s = median_time(state_dict_sync, repeats) if isinstance(policy, ShardedPolicy) else float("nan")
     raw_s = median_time(lambda: dist.broadcast(flat, src=0), repeats)
     return {
         "model": shape,

@@ -11,6 +11,7 @@ import typer
 
 from mgrpo import __version__
 from mgrpo.config import TRACKERS
+from mgrpo.parallel.backends import BACKENDS, pipelining
 from services import cli_serve  # noqa: F401  (`serve` and `engine`, listed first)
 from services.cli_base import app, console, fail, read_config
 
@@ -128,8 +129,9 @@ def _parse_backends(items: list[str], roles: tuple[str, ...]) -> dict[str, dict[
     out: dict[str, dict[str, str]] = {}
     for item in items:
         role, _, name = item.partition("=")
-        if role not in roles or name not in ("fsdp", "megatron"):
-            raise fail(f"--backend {item!r}: give ROLE=fsdp or ROLE=megatron, ROLE one of {', '.join(roles)}")
+        if role not in roles or name not in BACKENDS:
+            choices = " or ".join(f"ROLE={b}" for b in BACKENDS)
+            raise fail(f"--backend {item!r}: give {choices}, ROLE one of {', '.join(roles)}")
         out[role] = {"MGRPO_BACKEND": name}
     return out
 
@@ -138,8 +140,9 @@ def _role_env(backends: list[str], stages: list[str], roles: tuple[str, ...]) ->
     """`--backend` and `--pipeline-stages` options as each role's environment."""
     env = _parse_backends(backends, roles)
     for role, p in _parse_counts("--pipeline-stages", stages, roles).items():
-        if env.get(role, {}).get("MGRPO_BACKEND") != "megatron":
-            raise fail(f"--pipeline-stages {role}={p}: pipeline stages need --backend {role}=megatron")
+        if env.get(role, {}).get("MGRPO_BACKEND") not in pipelining():
+            needs = " or ".join(f"--backend {role}={b}" for b in pipelining())
+            raise fail(f"--pipeline-stages {role}={p}: pipeline stages need {needs}")
         env[role]["MGRPO_PIPELINE_STAGES"] = str(p)
     return env
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mgrpo.config import TrackerName
+from mgrpo.parallel.backends import BackendName, backend, pipelining
 
 
 class Settings(BaseSettings):
@@ -64,7 +64,7 @@ class Settings(BaseSettings):
         le=1024,
         description="The ranks this trainer service trains its role on per machine (torchrun, FSDP2; `serve --ranks`); 1 = one process.",
     )
-    backend: Literal["fsdp", "megatron"] = Field(
+    backend: BackendName = Field(
         "fsdp",
         description="How a role on W > 1 ranks holds its model: fsdp (FSDP2, data parallel) or megatron (megatron-core, tensor parallel over W / MGRPO_PIPELINE_STAGES ranks on each pipeline stage; a Qwen3-MoE model's experts over all W ranks).",
     )
@@ -174,13 +174,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 "MGRPO_NODES > 1 needs MGRPO_RENDEZVOUS, node 0's host:port (e.g. planner-0.planner-ranks:29500)"
             )
-        if self.backend == "megatron" and self.nodes * self.ranks < 2:
+        spec = backend(self.backend)
+        if self.nodes * self.ranks < spec.min_ranks:
             raise ValueError(
-                "MGRPO_BACKEND=megatron splits the model over the role's ranks: give it MGRPO_RANKS (or MGRPO_NODES) of 2 or more; one process trains the HF model itself"
+                f"MGRPO_BACKEND={self.backend} splits the model over the role's ranks: give it MGRPO_RANKS (or MGRPO_NODES) of {spec.min_ranks} or more; one process trains the HF model itself"
             )
-        if self.pipeline_stages > 1 and self.backend != "megatron":
+        if self.pipeline_stages > 1 and not spec.pipelines:
             raise ValueError(
-                "MGRPO_PIPELINE_STAGES > 1 needs MGRPO_BACKEND=megatron (FSDP2 splits the batch, not the layers)"
+                f"MGRPO_PIPELINE_STAGES > 1 needs MGRPO_BACKEND={' or '.join(pipelining())} ({self.backend} splits the batch, not the layers)"
             )
         if (self.nodes * self.ranks) % self.pipeline_stages:
             raise ValueError(

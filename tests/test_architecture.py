@@ -323,3 +323,20 @@ def test_no_code_outside_the_workflow_table_compares_workflow_names():
         if compare.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_no_code_outside_the_backend_table_compares_backend_names():
+    """What differs between the fsdp and megatron backends lives in their declarations
+    (mgrpo/parallel/backends.py): no `backend == "megatron"` anywhere else."""
+    import re
+
+    compare = re.compile(r"""(==|!=|\bin) *\(?["'](fsdp|megatron)["']""")
+    found = [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for package in ("mgrpo", "planner_trainer", "subagent_trainer", "services")
+        for path in (ROOT / package).rglob("*.py")
+        if path.relative_to(ROOT).as_posix() != "mgrpo/parallel/backends.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if compare.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -24,6 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from mgrpo.parallel import group
+from mgrpo.parallel.backends import backend as backend_named
 from mgrpo.parallel.fsdp import ShardedPolicy
 from mgrpo.parallel.megatron_policy import MegatronPolicy
 
@@ -39,11 +40,16 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or any(w in text for w in ("gloo", "NCCL", "Connection closed"))
 
 
+POLICIES: dict[str, type[ShardedPolicy] | type[MegatronPolicy]] = {
+    "fsdp": ShardedPolicy,
+    "megatron": MegatronPolicy,
+}
+
+
 def policy_class(backend: str) -> type[ShardedPolicy] | type[MegatronPolicy]:
-    """The policy a backend holds on the ranks (megatron-core itself is imported only when it is built)."""
-    if backend == "megatron":
-        return MegatronPolicy
-    return ShardedPolicy
+    """The policy a backend (`mgrpo.parallel.backends`) holds on the ranks (megatron-core itself is
+    imported only when it is built)."""
+    return POLICIES[backend_named(backend).name]
 
 
 class RankGroup:
@@ -53,10 +59,9 @@ class RankGroup:
     before serving; rank 0's is handed to its service (`mgrpo.runtime.Placement.ranks`)."""
 
     def __init__(self, backend: str = "fsdp", pipeline_stages: int = 1) -> None:
-        if backend not in ("fsdp", "megatron"):
-            raise ValueError(f"unknown backend {backend!r}: fsdp or megatron")
-        if pipeline_stages > 1 and backend != "megatron":
-            raise ValueError("pipeline stages need the megatron backend")
+        self.spec = backend_named(backend)
+        if pipeline_stages > 1 and not self.spec.pipelines:
+            raise ValueError(f"pipeline stages need a backend that pipelines ({backend} does not)")
         self.backend, self.stages = backend, pipeline_stages
         self.policy: ShardedPolicy | MegatronPolicy | None = None
         self.lock = threading.Lock()  # one call at a time
@@ -81,7 +86,7 @@ class RankGroup:
     ) -> None:
         if lora is not None and not self.trains_adapters:
             raise ValueError(f"a LoRA role trains on W ranks with the fsdp backend only (not {self.backend})")
-        extra: dict[str, Any] = {"pipeline": self.stages} if self.backend == "megatron" else {}
+        extra: dict[str, Any] = {"pipeline": self.stages} if self.spec.pipelines else {}
         if lora is not None:
             extra["lora"] = lora
         self.policy = policy_class(self.backend)(
@@ -116,7 +121,7 @@ class RankGroup:
     def shards_optimizer(self) -> bool:
         """Whether this group checkpoints its optimizer state as per-rank shards (DCP): the fsdp backend
         with every rank on this machine, so every rank sees the checkpoint volume."""
-        return self.backend == "fsdp" and group.one_machine()
+        return self.spec.shards_optimizer and group.one_machine()
 
     def call(self, name: str, local: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         """On rank 0: run `name` on every rank with `kwargs` (sent); `local` (rank 0's own, never sent:

@@ -1,0 +1,223 @@
+"""Can the tiny MarsRL verifier check a solution at all? (issue 41)
+
+    .venv/bin/python bench/verifier_probe.py                       # the shipped verifier, teacher-forced (10 s)
+    .venv/bin/python bench/verifier_probe.py --sft --steps 1200    # a verifier SFT'd from scratch (4 min)
+    .venv/bin/python bench/verifier_probe.py --sft --n-ops 1 --digits --preset small --lr 1e-3
+
+Teacher-forced (the default): the verifier reads a problem and a solution whose first step is right or
+corrupted (`mgrpo.tasks.arithmetic.corrupt`), then its own report up to that step's decision; the
+probe reads its probability of ` ok` against ` bad` there. A verifier that checks gives the right
+steps a higher P(ok) than the corrupted ones; one that learned only the base rate gives both the same.
+
+`--sft`: a fresh verifier trained on the warm start's demonstrations (half right, half corrupted
+solutions, `mgrpo.workflows.marsrl_warmstart.demo`); every `--every` steps its balanced accuracy
+(mean recall on wrong and on right solutions, T = 1, seeded) on held-out problems: corrupted or right
+solutions ("synthetic", its own demonstrations' kind) and the shipped solver's own sampled solutions.
+Variants: `--n-ops 1` (one-step problems), `--digits` (a tokenizer that splits numbers into digits,
+as Qwen's does), `--recompute` (the report writes the step's true result before its verdict), `--resolve` (the report
+solves the problem itself, then compares its answer with the solution's),
+`--preset`, `--lr`. Prints one JSON line per evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+import mgrpo.workflows.marsrl_warmstart as warmstart
+from mgrpo.agents.agents import TurnAgent
+from mgrpo.batching import collate, sft_step
+from mgrpo.engines.hf import HFEngine
+from mgrpo.models import SPECIAL_TOKENS, build_model, load
+from mgrpo.tasks.arithmetic import (
+    Problem,
+    Step,
+    Turn,
+    answer_value,
+    corrupt,
+    make_problems,
+    parse_turn,
+    parse_verdict,
+    solution_turn,
+    solver_prompt,
+    steps_text,
+    tokenizer_texts,
+    verifier_prompt,
+)
+
+Judged = tuple[Problem, Turn, bool]  # a problem, a solution, whether it is right
+
+
+def shipped(role: str) -> Path:
+    return next(Path("mgrpo/shipped").glob("marsrl-*")) / role
+
+
+def teacher_forced(folder: Path, n: int = 300) -> dict[str, float]:
+    model, tok = load(folder)
+    ok, bad = (tok.encode(w, add_special_tokens=False)[0] for w in (" ok", " bad"))
+    rng, out = random.Random(1), {}
+    for split, seed in (("train", 0), ("heldout", 2000)):
+        by_truth: dict[bool, list[float]] = {True: [], False: []}
+        for p in make_problems(split, n, seed=seed):
+            steps = p.steps() if rng.random() < 0.5 else corrupt(p, rng)
+            a, op, b, r = steps[0]
+            text = (
+                verifier_prompt(p.text, parse_turn(solution_turn(steps)).shown()) + f"<think>{a}{op}{b}={r}"
+            )
+            with torch.no_grad():
+                logp = model(torch.tensor([tok.encode(text, add_special_tokens=False)])).logits[0, -1]
+            p_ok, p_bad = logp.softmax(-1)[[ok, bad]].tolist()
+            by_truth[steps[0] == p.steps()[0]].append(p_ok / (p_ok + p_bad))
+        for truth, name in ((True, "right"), (False, "corrupted")):
+            out[f"{split}_p_ok_first_step_{name}"] = round(sum(by_truth[truth]) / len(by_truth[truth]), 3)
+    return out
+
+
+def digit_tokenizer(seed: int = 0, vocab: int = 320) -> PreTrainedTokenizerFast:
+    """`mgrpo.models.train_tokenizer` with numbers split into single digits before BPE."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(tokenizer_texts(seed), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        padding_side="left",
+        additional_special_tokens=list(SPECIAL_TOKENS)[2:],
+    )
+
+
+def recompute_report(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
+    """`check_steps` whose report writes each step's true result before the verdict on it."""
+    words, cur = [], problem.start
+    for i, (a, op, b, r) in enumerate(steps):
+        want_op, want_b = problem.ops[i] if i < len(problem.ops) else ("?", -1)
+        true = cur + want_b if want_op == "+" else cur - want_b
+        ok = a == cur and op == want_op and b == want_b and r == true
+        words.append(f"{a}{op}{b}={r} {true} {'ok' if ok else 'bad'}")
+        if not ok:
+            return " ".join(words), False
+        cur = r
+    complete = len(steps) == len(problem.ops)
+    return " ".join(words if complete else [*words, "short"]), complete
+
+
+def resolve_report(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
+    """A report that solves the problem itself, then compares its answer with the solution's."""
+    given = steps[-1][3] if steps else None
+    return f"{steps_text(problem.steps())} vs {given}", given == problem.answer
+
+
+def pooled(fn: Callable[[int], object], n: int) -> list:
+    with ThreadPoolExecutor(64) as pool:
+        return list(pool.map(fn, range(n)))
+
+
+def solver_solutions(problems: list[Problem], seed: int) -> list[Judged]:
+    model, tok = load(shipped("solver"))
+    engine = HFEngine(model, tok)
+    agent = TurnAgent(engine, tok, temperature=1.0)
+
+    def one(i: int) -> Judged:
+        turn = parse_turn(agent.sample(solver_prompt(problems[i].text), 1, seed=seed + i)[0][0])
+        return problems[i], turn, turn.format_ok and answer_value(turn.answer) == problems[i].answer
+
+    try:
+        return pooled(one, len(problems))
+    finally:
+        engine.close()
+
+
+def balanced_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerFast, judged: list[Judged]) -> dict:
+    engine = HFEngine(model, tok)
+    agent = TurnAgent(engine, tok, temperature=1.0)
+
+    def verdict(i: int) -> bool | None:
+        p, turn, _ = judged[i]
+        report = parse_turn(agent.sample(verifier_prompt(p.text, turn.shown()), 1, seed=50_000 + i)[0][0])
+        return parse_verdict(report.answer) if report.format_ok else None
+
+    try:
+        verdicts = pooled(verdict, len(judged))
+    finally:
+        engine.close()
+    wrong = [v is False for (_, _, right), v in zip(judged, verdicts, strict=True) if not right]
+    right = [v is True for (_, _, right), v in zip(judged, verdicts, strict=True) if right]
+    rw, rr = sum(wrong) / max(len(wrong), 1), sum(right) / max(len(right), 1)
+    return {"recall_wrong": round(rw, 3), "recall_right": round(rr, 3), "balanced": round((rw + rr) / 2, 3)}
+
+
+def sft(args: argparse.Namespace) -> None:
+    _, tok = load(shipped("verifier"))
+    if args.digits:
+        tok = digit_tokenizer()
+    if args.recompute or args.resolve:  # the demonstrations' report (in the probe's own process only)
+        warmstart.check_steps = resolve_report if args.resolve else recompute_report
+    rng = random.Random(5)
+    synthetic: list[Judged] = []
+    for p in make_problems("heldout", args.n_eval, seed=2000, n_ops=args.n_ops):
+        steps = p.steps() if rng.random() < 0.5 else corrupt(p, rng)
+        synthetic.append((p, parse_turn(solution_turn(steps)), steps == p.steps()))
+    solver = solver_solutions(make_problems("heldout", args.n_eval, seed=1000), 7) if args.n_ops == 2 else []
+    torch.manual_seed(0)
+    verifier = build_model(args.preset, tok, seed=1)
+    opt = torch.optim.AdamW(verifier.parameters(), lr=args.lr)
+    problems, rng, start = (
+        make_problems("train", 3000, seed=0, n_ops=args.n_ops),
+        random.Random(0),
+        time.time(),
+    )
+    for step in range(1, args.steps + 1):
+        demos = [warmstart.demo("verifier", p, tok, rng) for p in rng.sample(problems, 32)]
+        loss = sft_step(verifier, opt, collate(demos, int(tok.pad_token_id)))
+        if step % args.every == 0:
+            row = {
+                "step": step,
+                "loss": round(loss, 4),
+                "synthetic": balanced_accuracy(verifier, tok, synthetic),
+            }
+            if solver:
+                row["solver_solutions"] = balanced_accuracy(verifier, tok, solver)
+            print(json.dumps({**row, "s": round(time.time() - start)}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verifier", type=Path, default=None, help="teacher-forced probe of this folder")
+    ap.add_argument("--sft", action="store_true", help="train a fresh verifier and evaluate it as it learns")
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--every", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--preset", default="tiny-wide")
+    ap.add_argument("--n-ops", type=int, default=2)
+    ap.add_argument("--n-eval", type=int, default=300)
+    ap.add_argument("--digits", action="store_true")
+    ap.add_argument("--recompute", action="store_true")
+    ap.add_argument("--resolve", action="store_true")
+    args = ap.parse_args()
+    if args.sft:
+        sft(args)
+    else:
+        print(json.dumps(teacher_forced(args.verifier or shipped("verifier"))))
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,9 @@ collector over OTLP/HTTP (`configure`). The root's trainer opens a `rollout` spa
 deep-research rollout; a MarsRL problem's grouped S → V → C chain),
 a `delegate` span per delegation's HTTP call, whose W3C `traceparent` header (`inject`) makes the
 callee's `episode` span (`extract`) a child in the same trace, each tool call a `tool` span under it;
-every phase of every role's step is a `step/<phase>` span (`mgrpo.timing.PhaseTimer`). Attributes:
+an agent program's run is a `rollout` span whose calls to the roles' chat endpoints are `chat` spans
+in the serving processes (`services.generate`); every phase of every role's step is a
+`step/<phase>` span (`mgrpo.timing.PhaseTimer`). Attributes:
 `mgrpo.job_id`, `mgrpo.step`, `mgrpo.role`, `mgrpo.query_id`, `mgrpo.rollout`,
 `mgrpo.policy_version`, `mgrpo.tool`.
 
@@ -76,6 +78,11 @@ def configure(service: str, trace_dir: Path | None, otlp_endpoint: str = "") -> 
         trace.set_tracer_provider(provider)
         _configured = True
         return True
+
+
+def enabled() -> bool:
+    """Whether this process records spans (`configure` turned tracing on)."""
+    return _configured
 
 
 def shutdown() -> None:

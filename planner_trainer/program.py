@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from mgrpo import tracing
 from mgrpo.agents.openai_chat import ChatCall, ChatLimits, ChatSessions, serve, session_id
 from mgrpo.algo import alignment_seed
 from mgrpo.config import ProgramConfig
@@ -112,6 +113,8 @@ class ProgramRootJob(QuestionRoot):
         """The run's answer as a transcript without tokens (the trained tokens are the recorded calls)."""
         session = session_id(step, query_id, k)
         urls = {r: f"{u.rstrip('/')}/v1/s/{session}" for r, u in self.role_urls.items()}
+        if traceparent := tracing.inject({}).get("traceparent"):  # in the run's rollout span
+            self.store.session_traces.put(self.job_id, session, traceparent)  # its calls join its trace
         tr = Transcript.start([])
         try:
             # the API key the program calls with is this run's capability: it records this session only

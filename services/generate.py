@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, Protocol, cast
 
 from fastapi import FastAPI, HTTPException, Path, Request, status
+from opentelemetry.context import Context
+from redis.exceptions import RedisError
 from transformers import PreTrainedTokenizerBase
 
+from mgrpo import tracing
 from mgrpo.agents.openai_chat import ChatLimits, LimitError, check_limits, parse_session
 from mgrpo.engines.base import RolloutEngine, SamplingParams
 from services.api import ChatCompletionRequest, GenerateRequest, GenerateResponse, PolicyView
@@ -146,6 +149,29 @@ def _chat_server(role: str, job: Any, session: str | None, settings: Settings, t
     return serve
 
 
+def _run_trace(request: Request, job: Any, session: str | None) -> Context | None:
+    """The trace a chat call joins: the caller's `traceparent` header, else (a session's call from
+    an agent program's own HTTP client) the run's rollout span that the root stored
+    (`shared_store.session_traces`); None when tracing is off or neither is there."""
+    if not tracing.enabled():
+        return None
+    if "traceparent" in request.headers:
+        return tracing.extract(request.headers)
+    if not session or parse_session(session) is None:
+        return None
+    try:
+        stored = job.store.session_traces.get(job.job_id, session)
+    except RedisError:  # a trace is never worth failing the call
+        return None
+    return None if stored is None else tracing.extract({"traceparent": stored})
+
+
+def _attrs(role: str, job: Any, session: str | None) -> dict[str, Any]:
+    parsed = parse_session(session) if session else None
+    step, query_id, rollout = parsed if parsed is not None else (None, None, None)
+    return {"job_id": job.job_id, "role": role, "step": step, "query_id": query_id, "rollout": rollout}
+
+
 def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) -> None:
     """The OpenAI-compatible chat completions of a trainer service, on its running job."""
 
@@ -164,7 +190,12 @@ def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) 
         limit = body.max_completion_tokens or body.max_tokens
         try:
             limits = _limits(job, settings)
-            return cast(dict[str, Any], serve(session, {**body.model_dump(), "max_tokens": limit}, limits))
+            with tracing.span(
+                "chat", kind="server", parent=_run_trace(request, job, session), **_attrs(role, job, session)
+            ):
+                return cast(
+                    dict[str, Any], serve(session, {**body.model_dump(), "max_tokens": limit}, limits)
+                )
         except LimitError as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
         except (ValueError, TypeError) as exc:  # a template that cannot render these messages, …

@@ -144,6 +144,13 @@ def delegation_secret(job_id: str) -> str:
     return f"{_job(job_id)}:delegation_secret"
 
 
+def session_trace(job_id: str, session: str) -> str:
+    """STRING: the W3C `traceparent` of an agent-program run's `rollout` span (session
+    `<step>.<query>.<rollout>`), set by the root trainer when tracing is on; read by the services
+    serving the run's chat calls, whose spans join that trace."""
+    return f"{_job(job_id)}:session_trace:{check_id('session', session)}"
+
+
 def stream(job_id: str, name: StreamName) -> str:
     """STREAM of one job: planner_stats, batch.<role> or events."""
     return f"{_job(job_id)}:stream:{_check_stream(name)}"

@@ -17,6 +17,7 @@ from shared_store.policy import PolicyRegistry, Progress
 from shared_store.presence import Presence
 from shared_store.root_steps import RootSteps
 from shared_store.schemas import LedgerEntry, PolicyVersion
+from shared_store.session_traces import SessionTraces
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Store:
     capabilities: Capabilities = field(init=False)
     root_steps: RootSteps = field(init=False)
     presence: Presence = field(init=False)
+    session_traces: SessionTraces = field(init=False)
 
     def __post_init__(self) -> None:
         self.jobs = JobRegistry(self.client, retention_s=self.job_retention_s)
@@ -45,6 +47,7 @@ class Store:
         self.capabilities = Capabilities(self.client)
         self.root_steps = RootSteps(self.client)
         self.presence = Presence(self.client)
+        self.session_traces = SessionTraces(self.client)
 
     def commit_step(self, version: PolicyVersion, *, roles: tuple[str, ...], ledger: bool = True) -> None:
         """A role finished a step: its ledger mark (unless its stream consumer marks it), its new policy

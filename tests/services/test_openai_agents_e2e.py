@@ -2,7 +2,8 @@
 (examples/openai_agent) is the rollout. Three role services (planner, searcher, comparer), each a
 random tiny chat model behind OpenAI-compatible chat completions; the root runs the program per
 query and rollout, every call is recorded as an episode of the role that served it, a loopback
-reward endpoint scores the answers, and all three models train."""
+reward endpoint scores the answers, and all three models train. Traces are on: each program run is
+one trace, its calls' `chat` spans (from every role's process) children of the run's `rollout` span."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from services.launcher import LocalCluster
 from shared_store import Store
 from shared_store.keys import parse_episode_id
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
+from tests.services.checks import spans_of
 from tests.services.loopback import RewardServer
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +53,9 @@ def cluster(tmp_path_factory):
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "MGRPO_ALLOWED_PROGRAMS": json.dumps([PROGRAM]),  # the operator allows the example program
     }
-    c = LocalCluster(tmp_path_factory.mktemp("agents"), api_token=TOKEN, roles=ROLES, extra_env=env)
+    run_dir = tmp_path_factory.mktemp("agents")
+    env["MGRPO_TRACE_DIR"] = str(run_dir / "traces")
+    c = LocalCluster(run_dir, api_token=TOKEN, roles=ROLES, extra_env=env)
     with c:
         yield c
 
@@ -106,6 +111,37 @@ def test_an_openai_api_agent_program_trains_every_role(cluster, tmp_path):
     keys = [(e, parse_episode_id(e)) for e in ids]
     calls = [Call.of(e, k.query_id, k.rollout, k.call) for e, k in keys if k is not None]
     assert {c.role for c in calls if c is not None} == set(ROLES)
+    runs_are_traces(cluster.run_dir / "traces", job_id, planner["planner/calls"] // 2)
+
+
+def runs_are_traces(traces: Path, job_id: str, runs_per_step: int) -> None:
+    """Each program run of the job is one trace: its `rollout` span (the root's) is the parent of the
+    `chat` spans of its calls, served by every role's own process (the program's HTTP client sends
+    no trace context: the services read the run's from Redis)."""
+
+    def spans() -> list[dict]:
+        return [s for s in spans_of(traces) if s["attributes"].get("mgrpo.job_id") == job_id]
+
+    def every_call_traced() -> bool:
+        written = spans()
+        runs = sum(1 for s in written if s["name"] == "rollout")
+        roles = {s["attributes"]["mgrpo.role"] for s in written if s["name"] == "chat"}
+        return runs == 2 * runs_per_step and roles == set(ROLES)
+
+    wait_for(every_call_traced, "every role's chat spans written", 30)
+    every = spans()
+    rollouts = {s["context"]["span_id"]: s for s in every if s["name"] == "rollout"}
+    assert len(rollouts) == 2 * runs_per_step  # one a run, two steps
+    assert len({s["context"]["trace_id"] for s in rollouts.values()}) == len(rollouts)  # a trace each
+    chats = [s for s in every if s["name"] == "chat"]
+    assert all(s["parent_id"] in rollouts for s in chats), "a chat call outside its run's trace"
+    for s in chats:
+        run = rollouts[s["parent_id"]]
+        assert s["context"]["trace_id"] == run["context"]["trace_id"]
+        assert s["attributes"]["mgrpo.query_id"] == run["attributes"]["mgrpo.query_id"]
+        assert s["attributes"]["mgrpo.rollout"] == run["attributes"]["mgrpo.rollout"]
+    by_service = {s["service"] for s in chats}
+    assert by_service == {f"mgrpo-{r}" for r in ROLES}, by_service  # every role's own process
 
 
 def test_chat_completions_are_openai_compatible_and_need_the_token(cluster):

@@ -16,7 +16,9 @@ solutions ("synthetic", its own demonstrations' kind) and the shipped solver's o
 Variants: `--n-ops 1` (one-step problems), `--digits` (a tokenizer that splits numbers into digits,
 as Qwen's does), `--recompute` (the report writes the step's true result before its verdict), `--resolve` (the report
 solves the problem itself, then compares its answer with the solution's),
-`--preset`, `--lr`. Prints one JSON line per evaluation.
+`--data solver` (demonstrations on the shipped solver's own sampled solutions of training problems,
+half wrong and half right, labelled by `check_steps`) or `--data mix` (half of each kind), `--preset`,
+`--lr`. Prints one JSON line per evaluation.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 import mgrpo.workflows.marsrl_warmstart as warmstart
-from mgrpo.agents.agents import TurnAgent
+from mgrpo.agents.agents import TurnAgent, demo_transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
 from mgrpo.models import SPECIAL_TOKENS, build_model, load
+from mgrpo.records import Transcript
 from mgrpo.tasks.arithmetic import (
     Problem,
     Step,
@@ -51,7 +54,9 @@ from mgrpo.tasks.arithmetic import (
     solver_prompt,
     steps_text,
     tokenizer_texts,
+    verification_turn,
     verifier_prompt,
+    written_steps,
 )
 
 Judged = tuple[Problem, Turn, bool]  # a problem, a solution, whether it is right
@@ -165,6 +170,17 @@ def balanced_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerFast, judg
     return {"recall_wrong": round(rw, 3), "recall_right": round(rr, 3), "balanced": round((rw + rr) / 2, 3)}
 
 
+def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast) -> Transcript:
+    """A verifier demonstration on a sampled solution: the report and verdict `check_steps` gives its
+    written steps (a solution whose answer is not its last step's result is Wrong)."""
+    p, turn, _ = judged
+    steps = written_steps(turn.think)
+    report, ok = warmstart.check_steps(p, steps)
+    ok = ok and bool(steps) and answer_value(turn.answer) == steps[-1][3]
+    prompt = list(tok.encode(verifier_prompt(p.text, turn.shown()), add_special_tokens=False))
+    return demo_transcript(tok, prompt, [(verification_turn(report, ok), None)], "tool_response")
+
+
 def sft(args: argparse.Namespace) -> None:
     _, tok = load(shipped("verifier"))
     if args.digits:
@@ -180,14 +196,20 @@ def sft(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     verifier = build_model(args.preset, tok, seed=1)
     opt = torch.optim.AdamW(verifier.parameters(), lr=args.lr)
-    problems, rng, start = (
-        make_problems("train", 3000, seed=0, n_ops=args.n_ops),
-        random.Random(0),
-        time.time(),
-    )
+    problems, rng = make_problems("train", 3000, seed=0, n_ops=args.n_ops), random.Random(0)
+    sampled = [j for j in solver_solutions(problems, 100) if j[1].format_ok] if args.data != "corrupt" else []
+    by_class = [[j for j in sampled if j[2] == right] for right in (False, True)]  # wrong, right
+
+    def demos() -> list[Transcript]:
+        """32 demonstrations: corrupted-or-right (`corrupt`), the solver's own solutions, half wrong
+        and half right (`solver`), or 16 of each kind (`mix`)."""
+        own = 0 if args.data == "corrupt" else 32 if args.data == "solver" else 16
+        made = [warmstart.demo("verifier", p, tok, rng) for p in rng.sample(problems, 32 - own)]
+        return made + [labelled_demo(rng.choice(by_class[i % 2]), tok) for i in range(own)]
+
+    start = time.time()
     for step in range(1, args.steps + 1):
-        demos = [warmstart.demo("verifier", p, tok, rng) for p in rng.sample(problems, 32)]
-        loss = sft_step(verifier, opt, collate(demos, int(tok.pad_token_id)))
+        loss = sft_step(verifier, opt, collate(demos(), int(tok.pad_token_id)))
         if step % args.every == 0:
             row = {
                 "step": step,
@@ -210,6 +232,7 @@ def main() -> None:
     ap.add_argument("--n-ops", type=int, default=2)
     ap.add_argument("--n-eval", type=int, default=300)
     ap.add_argument("--digits", action="store_true")
+    ap.add_argument("--data", choices=("corrupt", "solver", "mix"), default="corrupt")
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--resolve", action="store_true")
     args = ap.parse_args()

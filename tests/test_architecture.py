@@ -309,34 +309,29 @@ def test_no_service_module_touches_the_environment_at_import():
     assert not touching, f"module-level environment access in services/: {touching}"
 
 
-def test_no_code_outside_the_workflow_table_compares_workflow_names():
-    """What differs between workflows lives in their declarations (mgrpo/workflows/table.py)."""
+def lines_matching(pattern: str, but: str) -> list[str]:
+    """`path:line: text` of every line of the service packages matching `pattern`, but in file `but`."""
     import re
 
-    compare = re.compile(r"(workflow|engine) *(==|!=|in) ")
-    found = [
+    compare = re.compile(pattern)
+    return [
         f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
         for package in ("mgrpo", "planner_trainer", "subagent_trainer", "services")
         for path in (ROOT / package).rglob("*.py")
-        if path.relative_to(ROOT).as_posix() != "mgrpo/workflows/table.py"
+        if path.relative_to(ROOT).as_posix() != but
         for i, line in enumerate(path.read_text().splitlines(), 1)
         if compare.search(line)
     ]
+
+
+def test_no_code_outside_the_workflow_table_compares_workflow_names():
+    """What differs between workflows lives in their declarations (mgrpo/workflows/table.py)."""
+    found = lines_matching(r"(workflow|engine) *(==|!=|in) ", but="mgrpo/workflows/table.py")
     assert not found, "\n".join(found)
 
 
 def test_no_code_outside_the_backend_table_compares_backend_names():
     """What differs between the fsdp and megatron backends lives in their declarations
     (mgrpo/parallel/backends.py): no `backend == "megatron"` anywhere else."""
-    import re
-
-    compare = re.compile(r"""(==|!=|\bin) *\(?["'](fsdp|megatron)["']""")
-    found = [
-        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
-        for package in ("mgrpo", "planner_trainer", "subagent_trainer", "services")
-        for path in (ROOT / package).rglob("*.py")
-        if path.relative_to(ROOT).as_posix() != "mgrpo/parallel/backends.py"
-        for i, line in enumerate(path.read_text().splitlines(), 1)
-        if compare.search(line)
-    ]
+    found = lines_matching(r"""(==|!=|\bin) *\(?["'](fsdp|megatron)["']""", but="mgrpo/parallel/backends.py")
     assert not found, "\n".join(found)

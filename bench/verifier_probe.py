@@ -32,14 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 import mgrpo.workflows.marsrl_warmstart as warmstart
 from mgrpo.agents.agents import TurnAgent, demo_transcript
 from mgrpo.batching import collate, sft_step
 from mgrpo.engines.hf import HFEngine
-from mgrpo.models import SPECIAL_TOKENS, build_model, load
+from mgrpo.models import build_model, load, train_tokenizer
 from mgrpo.records import Transcript
 from mgrpo.tasks.arithmetic import (
     Problem,
@@ -85,29 +84,6 @@ def teacher_forced(folder: Path, n: int = 300) -> dict[str, float]:
         for truth, name in ((True, "right"), (False, "corrupted")):
             out[f"{split}_p_ok_first_step_{name}"] = round(sum(by_truth[truth]) / len(by_truth[truth]), 3)
     return out
-
-
-def digit_tokenizer(seed: int = 0, vocab: int = 320) -> PreTrainedTokenizerFast:
-    """`mgrpo.models.train_tokenizer` with numbers split into single digits before BPE."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(tokenizer_texts(seed), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        padding_side="left",
-        additional_special_tokens=list(SPECIAL_TOKENS)[2:],
-    )
 
 
 def recompute_report(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
@@ -184,7 +160,7 @@ def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast) -> Transcript:
 def sft(args: argparse.Namespace) -> None:
     _, tok = load(shipped("verifier"))
     if args.digits:
-        tok = digit_tokenizer()
+        tok = train_tokenizer(tokenizer_texts(0), 320, digits=True)
     if args.recompute or args.resolve:  # the demonstrations' report (in the probe's own process only)
         warmstart.check_steps = resolve_report if args.resolve else recompute_report
     rng = random.Random(5)

@@ -52,17 +52,29 @@ SPECIAL_TOKENS = [
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int = 320, *, extra_special: tuple[str, ...] = (), eos: str = "<eos>"
+    texts: Iterable[str],
+    vocab_size: int = 320,
+    *,
+    extra_special: tuple[str, ...] = (),
+    eos: str = "<eos>",
+    digits: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained offline on `texts`, tags as special tokens, left padding for batched
-    generation. `extra_special`, `eos`: e.g. a chat template's `<|im_start|>`, `<|im_end|>`."""
+    generation. `extra_special`, `eos`: e.g. a chat template's `<|im_start|>`, `<|im_end|>`.
+    `digits`: numbers split into single digits before BPE (as Qwen's and Llama's tokenizers do), so
+    "31" is never one token in one place and two in another."""
     specials = [*SPECIAL_TOKENS, *extra_special]
     if vocab_size < 256 + len(specials):
         raise ValueError(
             f"vocab_size must be >= {256 + len(specials)} (bytes + special tokens), got {vocab_size}"
         )
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if digits
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -11,6 +11,7 @@ from mgrpo.models import (
     n_params,
     save,
     token_logprobs,
+    train_tokenizer,
 )
 
 
@@ -20,6 +21,18 @@ def test_tags_are_single_special_tokens(tokenizer):
     ids = tokenizer.encode("<delegate>birth city of X</delegate>", add_special_tokens=False)
     assert ids[0] == tokenizer.convert_tokens_to_ids("<delegate>")
     assert tokenizer.padding_side == "left" and tokenizer.pad_token == "<pad>"
+
+
+def test_a_digit_tokenizer_never_merges_digits_and_decodes_back():
+    texts = ["Kit has 20 coins. Kit gets 11 more.", "20+11=31 31-3=28 ok", "<think>31-3=28</think>"] * 50
+    split, merged = train_tokenizer(texts, 300, digits=True), train_tokenizer(texts, 300)
+    text = "<think>20+11=31 ok 31-3=28</think>"
+    pieces = [split.decode([i]) for i in split.encode(text, add_special_tokens=False)]
+    assert all(len(p.strip()) <= 1 for p in pieces if any(c.isdigit() for c in p)), pieces
+    assert any(
+        sum(c.isdigit() for c in merged.decode([i])) > 1 for i in merged.encode(text)
+    )  # BPE merges them
+    assert split.decode(split.encode(text, add_special_tokens=False)) == text
 
 
 def test_presets_have_distinct_shapes(tokenizer):

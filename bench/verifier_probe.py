@@ -18,7 +18,8 @@ as Qwen's does), `--recompute` (the report writes the step's true result before 
 solves the problem itself, then compares its answer with the solution's),
 `--data solver` (demonstrations on the shipped solver's own sampled solutions of training problems,
 half wrong and half right, labelled by `check_steps`) or `--data mix` (half of each kind), `--preset`,
-`--lr`. Prints one JSON line per evaluation.
+`--lr`. Prints one JSON line per evaluation. `--errors`: what the shipped solver's wrong solutions
+get wrong first (operand, operator or result of which step) and how far off its wrong results are.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import argparse
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -197,10 +200,37 @@ def sft(args: argparse.Namespace) -> None:
             print(json.dumps({**row, "s": round(time.time() - start)}), flush=True)
 
 
+def solver_errors(n: int = 400) -> dict[str, Any]:
+    """What the shipped solver gets wrong on `n` held-out problems (T = 1, seeded): the first wrong
+    thing in each wrong solution, and how far off a wrong step result is."""
+    kinds: Counter[str] = Counter()
+    offsets: Counter[int] = Counter()
+    for p, turn, right in solver_solutions(make_problems("heldout", n, seed=1000), 7):
+        steps = written_steps(turn.think) if turn.format_ok else []
+        if right or not turn.format_ok or len(steps) != len(p.ops):
+            kinds["right" if right else "unreadable" if not turn.format_ok else "wrong number of steps"] += 1
+            continue
+        cur, kind = p.start, "answer is not the last result"
+        for i, (a, op, b, r) in enumerate(steps):
+            want_op, want_b = p.ops[i]
+            true = a + b if op == "+" else a - b
+            wrong = [(a != cur, "left operand"), (op != want_op, "operator"), (b != want_b, "right operand")]
+            wrong.append((r != true, "result"))
+            if found := next((what for bad, what in wrong if bad), None):
+                kind = f"step {i + 1}: {found}"
+                if found == "result":
+                    offsets[r - true] += 1
+                break
+            cur = r
+        kinds[kind] += 1
+    return {"kinds": dict(kinds.most_common()), "result_offsets": dict(sorted(offsets.items()))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verifier", type=Path, default=None, help="teacher-forced probe of this folder")
     ap.add_argument("--sft", action="store_true", help="train a fresh verifier and evaluate it as it learns")
+    ap.add_argument("--errors", action="store_true", help="what the shipped solver gets wrong")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--every", type=int, default=300)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -212,7 +242,9 @@ def main() -> None:
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--resolve", action="store_true")
     args = ap.parse_args()
-    if args.sft:
+    if args.errors:
+        print(json.dumps(solver_errors()))
+    elif args.sft:
         sft(args)
     else:
         print(json.dumps(teacher_forced(args.verifier or shipped("verifier"))))

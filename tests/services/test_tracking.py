@@ -23,7 +23,7 @@ from services.launcher import LocalCluster
 from shared_store import Store
 from shared_store.schemas import MetricsEvent
 from tests.services.checks import spans_of, stream_messages
-from tests.services.test_e2e import CACHE, SMALL, TOKEN, H, wait
+from tests.services.e2e import CACHE, SMALL, TOKEN, H, wait
 from tests.waiting import wait_for
 from tests.wandb_files import finished, history, run_info, summary
 

@@ -17,11 +17,15 @@ class Backend:
     pipelines: bool  # may split the model's layers over pipeline stages
     min_ranks: int  # the fewest ranks it splits the model over (1: one process is fine)
     shards_optimizer: bool  # checkpoints its optimizer state as per-rank shards (DCP)
+    trains_adapters: bool  # trains a LoRA role's adapter on its ranks' frozen base (mgrpo.lora)
 
 
 BACKENDS: dict[str, Backend] = {
-    "fsdp": Backend("fsdp", pipelines=False, min_ranks=1, shards_optimizer=True),
-    "megatron": Backend("megatron", pipelines=True, min_ranks=2, shards_optimizer=False),
+    b.name: b
+    for b in (
+        Backend("fsdp", pipelines=False, min_ranks=1, shards_optimizer=True, trains_adapters=True),
+        Backend("megatron", pipelines=True, min_ranks=2, shards_optimizer=False, trains_adapters=False),
+    )
 }
 
 

@@ -20,7 +20,7 @@ import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -88,8 +88,6 @@ def _sharded(
 
 
 class ShardedPolicy:
-    trains_adapters: ClassVar[bool] = True  # a LoRA role's adapter on its sharded, frozen base
-
     def __init__(
         self,
         config: dict[str, Any],

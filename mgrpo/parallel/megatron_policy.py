@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -53,8 +53,6 @@ def _layout(hf_config: Any, share: dict[str, int]) -> dict[str, torch.Size]:
 
 
 class MegatronPolicy:
-    trains_adapters: ClassVar[bool] = False  # a LoRA role's adapter: not on megatron-core's model
-
     def __init__(
         self,
         config: dict[str, Any],

@@ -102,7 +102,7 @@ class RankGroup:
     @property
     def trains_adapters(self) -> bool:
         """Whether this group's backend trains a LoRA role's adapter (`mgrpo.lora`)."""
-        return policy_class(self.backend).trains_adapters
+        return self.spec.trains_adapters
 
     def _opened(self) -> ShardedPolicy | MegatronPolicy:
         if self.policy is None:

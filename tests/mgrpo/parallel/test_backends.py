@@ -22,6 +22,7 @@ def test_each_backend_builds_its_own_policy_and_declares_its_checkpoints():
     assert RankGroup("megatron", 2).stages == 2
     assert pipelining() == ["megatron"]
     assert [b.name for b in BACKENDS.values() if b.shards_optimizer] == ["fsdp"]
+    assert [name for name in BACKENDS if RankGroup(name).trains_adapters] == ["fsdp"]
 
 
 def test_pipeline_stages_need_a_backend_that_pipelines():

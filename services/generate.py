@@ -5,10 +5,10 @@ agent programs: openai_agents jobs), `GET /v1/policy`."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Annotated, Any, Protocol, cast
 
 from fastapi import FastAPI, HTTPException, Path, Request, status
-from opentelemetry.context import Context
 from redis.exceptions import RedisError
 from transformers import PreTrainedTokenizerBase
 
@@ -149,27 +149,33 @@ def _chat_server(role: str, job: Any, session: str | None, settings: Settings, t
     return serve
 
 
-def _run_trace(request: Request, job: Any, session: str | None) -> Context | None:
-    """The trace a chat call joins: the caller's `traceparent` header, else (a session's call from
-    an agent program's own HTTP client) the run's rollout span that the root stored
-    (`shared_store.session_traces`); None when tracing is off or neither is there."""
+def _chat_span(request: Request, role: str, job: Any, session: str | None) -> AbstractContextManager[Any]:
+    """The `chat` span of a call when tracing is on (nothing otherwise). Its trace: the caller's
+    `traceparent` header, else, for a session's call from an agent program's own HTTP client, the run's
+    rollout span that the root stored (`shared_store.session_traces`)."""
     if not tracing.enabled():
-        return None
-    if "traceparent" in request.headers:
-        return tracing.extract(request.headers)
-    if not session or parse_session(session) is None:
-        return None
-    try:
-        stored = job.store.session_traces.get(job.job_id, session)
-    except RedisError:  # a trace is never worth failing the call
-        return None
-    return None if stored is None else tracing.extract({"traceparent": stored})
-
-
-def _attrs(role: str, job: Any, session: str | None) -> dict[str, Any]:
+        return nullcontext()
     parsed = parse_session(session) if session else None
     step, query_id, rollout = parsed if parsed is not None else (None, None, None)
-    return {"job_id": job.job_id, "role": role, "step": step, "query_id": query_id, "rollout": rollout}
+    parent = None
+    if "traceparent" in request.headers:
+        parent = tracing.extract(request.headers)
+    elif parsed is not None:
+        try:
+            stored = job.store.session_traces.get(job.job_id, session)
+        except RedisError:  # a trace is never worth failing the call
+            stored = None
+        parent = None if stored is None else tracing.extract({"traceparent": stored})
+    return tracing.span(
+        "chat",
+        kind="server",
+        parent=parent,
+        job_id=job.job_id,
+        role=role,
+        step=step,
+        query_id=query_id,
+        rollout=rollout,
+    )
 
 
 def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) -> None:
@@ -190,9 +196,7 @@ def add_chat_routes(app: FastAPI, role: str, current: Callable[[Request], Any]) 
         limit = body.max_completion_tokens or body.max_tokens
         try:
             limits = _limits(job, settings)
-            with tracing.span(
-                "chat", kind="server", parent=_run_trace(request, job, session), **_attrs(role, job, session)
-            ):
+            with _chat_span(request, role, job, session):
                 return cast(
                     dict[str, Any], serve(session, {**body.model_dump(), "max_tokens": limit}, limits)
                 )

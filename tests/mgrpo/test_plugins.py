@@ -1,6 +1,6 @@
 """Workflow plugins: an installed package's `mgrpo.workflows` entry point declares a workflow the
 same way the built-ins are declared (here as a variant of deep_research), and a job can name it with
-no edit of core files; a bad declaration is refused with what to fix. (`tests/services/test_e2e.py`
+no edit of core files; a bad declaration is refused with what to fix. (`tests/services/e2e/test_jobs.py`
 trains the example plugin's job through the services.)"""
 
 from __future__ import annotations

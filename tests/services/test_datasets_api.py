@@ -1,7 +1,7 @@
 """`/v1/datasets` and a job's `dataset` against a real controller process and a real Redis: good
 uploads are stored once (content-addressed), bad ones get a 4xx naming the problem and store nothing,
 and a job naming a dataset or split that is not there gets a 422 naming the field. API-only services
-(no job workers): nothing trains here; `test_e2e_yours.py` trains on an uploaded dataset."""
+(no job workers): nothing trains here; `e2e/test_yours.py` trains on an uploaded dataset."""
 
 from __future__ import annotations
 

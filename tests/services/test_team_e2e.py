@@ -103,7 +103,7 @@ def test_your_data_tools_and_reward_with_a_chat_model_sub_agent(cluster, warm, t
     tiny chat model with a Qwen3-style template, given by path. Every role's parameters move; every
     chat episode is recorded with the template's prompt. (Both sub-agents on untrained chat models
     would never reach the comparer: the planner writes a comparison only after lookups that return
-    facts. `test_e2e_yours.py` trains a sub-agent on a Qwen2.5-style chat model.)"""
+    facts. `e2e/test_yours.py` trains a sub-agent on a Qwen2.5-style chat model.)"""
     job = JobConfig.model_validate(JOB)
     world = job_task(job).world
     questions = [("train", q) for q in make_questions(world, "train", 2, 15, seed=3)] + [

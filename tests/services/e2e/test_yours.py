@@ -1,5 +1,5 @@
 """End to end with what a user brings: an uploaded dataset and an HTTP reward, a chat model given by
-path and a judge reward, HTTP tools that fail (the cluster and helpers: `tests/services/e2e.py`)."""
+path and a judge reward, HTTP tools that fail (the cluster and helpers: `tests/services/e2e/`)."""
 
 from __future__ import annotations
 
@@ -14,30 +14,13 @@ from mgrpo.config import JobConfig
 from mgrpo.models import load
 from mgrpo.tasks.deep_research import make_questions
 from mgrpo.workflows.deep_research_warmstart import job_task
-from shared_store import Store
 from shared_store.schemas import PlannerStepStats
 from tests.mgrpo.chat_models import TEMPLATES, chat_model_folder
 from tests.services.checks import final_checkpoint, params_of, stream_messages
-from tests.services.e2e import SMALL, H, default_warm_start, e2e_cluster, submit, wait
+from tests.services.e2e import SMALL, H, submit, wait
 from tests.services.loopback import FlakyToolServer, RewardServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
-
-
-@pytest.fixture(scope="module")
-def warm():
-    return default_warm_start()
-
-
-@pytest.fixture(scope="module")
-def cluster(redis_url, tmp_path_factory, warm):
-    with e2e_cluster(redis_url, tmp_path_factory) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def store(redis_url):
-    return Store.connect(redis_url)
 
 
 def test_train_on_an_uploaded_dataset_with_an_http_reward(cluster, store, warm):

@@ -1,7 +1,7 @@
 """End to end: the three services as separate OS processes, a real Redis, real HTTP, real training —
 the workflows' jobs (co_train, main_only, single_agent, pipelined, a plugin's, rollouts through SGLang
-servers). The shared cluster and job helpers: `tests/services/e2e.py`; the user's own data, rewards,
-models and tools: `test_e2e_yours.py`; refusals, cancels, failures and resumes: `test_e2e_faults.py`."""
+servers). The shared cluster and job helpers: `tests/services/e2e/` (`__init__.py`, `conftest.py`); the user's
+own data, rewards, models and tools: `test_yours.py`; refusals, cancels, failures and resumes: `test_faults.py`."""
 
 from __future__ import annotations
 
@@ -15,29 +15,12 @@ from transformers import AutoModelForCausalLM
 from mgrpo.models import load
 from mgrpo.workflows import DEEP_RESEARCH
 from services.launcher import LocalCluster
-from shared_store import Store
 from shared_store.schemas import PlannerStepStats
 from shared_store.streams import get_step
 from tests.services.checks import assert_accounted, final_checkpoint, params_of, stream_messages
-from tests.services.e2e import CACHE, SMALL, TOKEN, H, default_warm_start, e2e_cluster, submit, wait
+from tests.services.e2e import CACHE, SMALL, TOKEN, H, submit, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
-
-
-@pytest.fixture(scope="module")
-def warm():
-    return default_warm_start()
-
-
-@pytest.fixture(scope="module")
-def cluster(redis_url, tmp_path_factory, warm):
-    with e2e_cluster(redis_url, tmp_path_factory) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def store(redis_url):
-    return Store.connect(redis_url)
 
 
 def test_co_train_two_steps(cluster, store, warm):

@@ -1,6 +1,6 @@
 """End to end when things go wrong: refused requests and forged episodes, concurrent submissions,
 cancels, a partner that is down, `kill -9` of each trainer and the resume that trains every step once
-(the cluster and helpers: `tests/services/e2e.py`)."""
+(the cluster and helpers: `tests/services/e2e/`)."""
 
 from __future__ import annotations
 
@@ -12,31 +12,15 @@ import httpx
 import pytest
 
 from mgrpo.workflows import DEEP_RESEARCH
-from shared_store import Store, keys
+from shared_store import keys
 from shared_store.capabilities import call_scope
 from shared_store.keys import episode_id
 from shared_store.schemas import JobDispatch, PlannerStepStats, decode
 from shared_store.streams import get_step
 from tests.services.checks import assert_accounted, wait_ledger
-from tests.services.e2e import SMALL, H, default_warm_start, e2e_cluster, submit, wait
+from tests.services.e2e import SMALL, H, submit, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(1800)]
-
-
-@pytest.fixture(scope="module")
-def warm():
-    return default_warm_start()
-
-
-@pytest.fixture(scope="module")
-def cluster(redis_url, tmp_path_factory, warm):
-    with e2e_cluster(redis_url, tmp_path_factory) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def store(redis_url):
-    return Store.connect(redis_url)
 
 
 def test_auth_validation_and_missing_jobs(cluster, store):

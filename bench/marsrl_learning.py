@@ -85,7 +85,8 @@ def evaluate(job: JobConfig, paths: dict[str, Path], n: int) -> dict[str, float]
     ws = job_spec(job).warmstart_config()
     problems = make_problems("heldout", n, seed=1000 + ws.seed, n_ops=ws.n_ops)
     outcomes: dict[str, list[float]] = {}
-    m = evaluate_system(problems, {r: load(p) for r, p in paths.items()}, outcomes=outcomes)
+    models = {r: load(p) for r, p in paths.items()}
+    m = evaluate_system(problems, models, outcomes=outcomes, calculator=ws.calculator)
     gain = paired_gain(outcomes["solver_accuracy"], outcomes["system_accuracy"])
     return {**m, "system_minus_solver": gain.gain, "system_minus_solver_se": gain.se}
 

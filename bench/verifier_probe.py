@@ -3,6 +3,7 @@
     .venv/bin/python bench/verifier_probe.py                       # the shipped verifier, teacher-forced (10 s)
     .venv/bin/python bench/verifier_probe.py --sft --steps 1200    # a verifier SFT'd from scratch (4 min)
     .venv/bin/python bench/verifier_probe.py --sft --n-ops 1 --digits --preset small --lr 1e-3
+    .venv/bin/python bench/verifier_probe.py --sft --calc --calc-report --steps 2000 --every 200
 
 Teacher-forced (the default): the verifier reads a problem and a solution whose first step is right or
 corrupted (`mgrpo.tasks.arithmetic.corrupt`), then its own report up to that step's decision; the
@@ -18,7 +19,9 @@ as Qwen's does), `--recompute` (the report writes the step's true result before 
 solves the problem itself, then compares its answer with the solution's),
 `--data solver` (demonstrations on the shipped solver's own sampled solutions of training problems,
 half wrong and half right, labelled by `check_steps`) or `--data mix` (half of each kind), `--preset`,
-`--lr`. Prints one JSON line per evaluation. `--errors`: what the shipped solver's wrong solutions
+`--lr`, `--calc` (the verifier reads each step with its calculator value, `calculated`) and
+`--calc-report` (its report copies those values before each verdict; the default recipe since issue
+41 is both). Prints one JSON line per evaluation. `--errors`: what the shipped solver's wrong solutions
 get wrong first (operand, operator or result of which step) and how far off its wrong results are.
 """
 
@@ -48,6 +51,7 @@ from mgrpo.tasks.arithmetic import (
     Step,
     Turn,
     answer_value,
+    calculated,
     corrupt,
     make_problems,
     parse_turn,
@@ -160,8 +164,22 @@ def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast) -> Transcript:
     return demo_transcript(tok, prompt, [(verification_turn(report, ok), None)], "tool_response")
 
 
+def with_calculator() -> None:
+    """Every verifier prompt of this process shows the calculator's value of each step (`calculated`)."""
+    global verifier_prompt
+    plain = verifier_prompt
+    verifier_prompt = warmstart.verifier_prompt = lambda problem, solution: plain(
+        problem, calculated(solution)
+    )
+
+
 def sft(args: argparse.Namespace) -> None:
     _, tok = load(shipped("verifier"))
+    if args.calc:
+        with_calculator()
+    if args.calc_report:  # the report copies each step's calculator value before its verdict
+        check = warmstart.check_steps
+        warmstart.check_steps = lambda problem, steps, calculator=False: check(problem, steps, True)
     if args.digits:
         tok = train_tokenizer(tokenizer_texts(0), 320, digits=True)
     if args.recompute or args.resolve:  # the demonstrations' report (in the probe's own process only)
@@ -241,6 +259,8 @@ def main() -> None:
     ap.add_argument("--data", choices=("corrupt", "solver", "mix"), default="corrupt")
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--resolve", action="store_true")
+    ap.add_argument("--calc", action="store_true", help="the verifier reads each step's calculator value")
+    ap.add_argument("--calc-report", action="store_true", help="its report copies them before each verdict")
     args = ap.parse_args()
     if args.errors:
         print(json.dumps(solver_errors()))

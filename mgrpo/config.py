@@ -61,6 +61,10 @@ class MarsRLConfig(StrictModel):
     )
     max_agent_steps: int = Field(5, ge=1, le=5, description="S → V1 → C1 → V2 → C2 at most.")
     n_ops: int = Field(2, ge=1, le=6, description="Operations per arithmetic problem.")
+    calculator: bool = Field(
+        True,
+        description='The verifier reads each written step with a calculator\'s value of it ("12-3=8 (9)") and copies it into its report before each verdict; without it the tiny verifier learns the base rate, not the check (docs/results.md).',
+    )
 
 
 class DatasetConfig(StrictModel):

@@ -54,6 +54,7 @@ class MarsRootJob(RootJob):
             mc.selection,
             mc.reward,
             mc.max_agent_steps,
+            mc.calculator,
             seed=self.cfg.seed * 1_000_003 + self.cfg.run_seed,
         )
         self.pool = make_problems("train", TRAIN_POOL, seed=self.cfg.seed, n_ops=mc.n_ops)

@@ -163,12 +163,17 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
     with clock.phase("evaluation"), step_progress(console, title, 2 * eval_problems) as bar:
         before, after = (
             evaluate_system(
-                problems, systems[s], outcomes=outcomes[s], on_done=lambda: bar.advance("problems")
+                problems,
+                systems[s],
+                outcomes=outcomes[s],
+                on_done=lambda: bar.advance("problems"),
+                calculator=ws.calculator,
             )
             for s in ("before", "after")
         )
     majority = majority_baseline(ws, eval_problems)
     gains = {name: paired_gain(outcomes["before"][name], outcomes["after"][name]) for name in ACCURACIES}
+    loop = {when: paired_gain(o["solver_accuracy"], o["system_accuracy"]) for when, o in outcomes.items()}
     result = {
         "job_id": job_id,
         "problems": eval_problems,
@@ -179,6 +184,7 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
             name: {"gain": g.gain, "paired_se": g.se, "unpaired_se": g.se_unpaired}
             for name, g in gains.items()
         },
+        "system_minus_solver": {when: {"gain": g.gain, "paired_se": g.se} for when, g in loop.items()},
         "outcomes": outcomes,
         "majority_baseline": majority,
         "checkpoints": latest,
@@ -186,6 +192,7 @@ def run_marsrl_demo(out: Path, options: DemoOptions, console: Console) -> dict[s
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     _plot(rows, before, after, majority, eval_problems, out / "rewards.png")
     summary(before, after, gains, majority, eval_problems, console)
+    what_the_loop_adds(loop, console)
     console.print(
         f"wrote {out}/metrics.jsonl, {out}/rewards.png, {out}/eval.json; checkpoints in {out}/checkpoints"
     )
@@ -221,6 +228,14 @@ def summary(
             f"{name} {g.before:.3f} → {g.after:.3f}: {g.gain:+.3f} ± {g.se:.3f} ({g.z:+.1f} standard errors, "
             f"paired: same problems, same seeded draws; {unpaired:+.1f} if the two were independent)"
         )
+
+
+def what_the_loop_adds(loop: dict[str, PairedGain], console: Console) -> None:
+    """The V–C system against the solver alone on the same problems, before and after training."""
+    console.print(
+        "V–C system − solver alone: "
+        + ", ".join(f"{when} {g.gain:+.3f} ± {g.se:.3f} ({g.z:+.1f} paired SE)" for when, g in loop.items())
+    )
 
 
 def _plot(

@@ -13,7 +13,15 @@ special tokens of the tiny models' tokenizers, so generation stops on `</answer>
 
 The verifier's bug report is the `<think>` text and its verdict line the `<answer>` payload (algorithm.md §9's
 "text before the `Correctness:` line", in tags so a tiny model stops on a special token
-[decision]). Problems are split into `train` and `heldout` by a hash of their text (1 in 5 held out),
+[decision]). With a calculator (`MarsRLConfig.calculator`, the default), the verifier reads each
+written step with the calculator's value of it and copies that value into its report:
+
+    solution as the verifier reads it   7+5=12 (12) 12-3=8 (9) => 8
+    verifier                            <think>7+5=12 (12) ok 12-3=8 (9) bad</think><answer>Correctness: Wrong</answer>
+
+The tool computes; comparing the written result with it, and checking that each operand was copied
+from the problem, is still the verifier's to learn [decision: without it the tiny verifier learns the
+base rate of its verdicts, not the check; docs/results.md]. Problems are split into `train` and `heldout` by a hash of their text (1 in 5 held out),
 so a held-out problem is never trained on. Corrupted solutions (one wrong step result, or one wrong
 copied operand, with the later steps computed correctly from it) give the verifier and the
 corrector their demonstrations.
@@ -111,14 +119,17 @@ def solution_turn(steps: list[Step]) -> str:
     return f"<think>{steps_text(steps)}</think><answer>{answer}</answer>"
 
 
-def check_steps(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
+def check_steps(problem: Problem, steps: list[Step], calculator: bool = False) -> tuple[str, bool]:
     """The verifier's report on written steps: each step 'ok' until the first 'bad' (an operand not
-    copied from the problem or the previous result, or a wrong sum). Returns (report, all ok)."""
+    copied from the problem or the previous result, or a wrong sum); with `calculator`, each step
+    followed by the calculator's value of it as the verifier read it (`calculated`). Returns (report,
+    all ok)."""
     words, cur = [], problem.start
     for i, (a, op, b, r) in enumerate(steps):
         want_op, want_b = problem.ops[i] if i < len(problem.ops) else ("?", -1)
-        ok = a == cur and op == want_op and b == want_b and r == (a + b if op == "+" else a - b)
-        words.append(f"{a}{op}{b}={r} {'ok' if ok else 'bad'}")
+        value = a + b if op == "+" else a - b
+        ok = a == cur and op == want_op and b == want_b and r == value
+        words.append(f"{a}{op}{b}={r}{f' ({value})' if calculator else ''} {'ok' if ok else 'bad'}")
         if not ok:
             return " ".join(words), False
         cur = r
@@ -189,13 +200,26 @@ def written_steps(think: str) -> list[Step]:
     return [(int(a), op, int(b), int(r)) for a, op, b, r in _STEP.findall(think)]
 
 
+def calculated(solution: str) -> str:
+    """A solution as a verifier with a calculator reads it: every written step `a±b=r` followed by the
+    calculator's value of `a±b` in parentheses ("12-3=8 (9)"). The tool computes; whether the step
+    copied the right operands and whether `r` matches is still the verifier's to check."""
+
+    def value(m: re.Match[str]) -> str:
+        a, op, b = int(m[1]), m[2], int(m[3])
+        return f"{m[0]} ({a + b if op == '+' else a - b})"
+
+    return _STEP.sub(value, solution)
+
+
 # ---- prompts ----------------------------------------------------------------------------------
 def solver_prompt(problem: str) -> str:
     return f"P: {problem}\n"
 
 
-def verifier_prompt(problem: str, solution: str) -> str:
-    return f"P: {problem}\nS: {solution}\nCheck:\n"
+def verifier_prompt(problem: str, solution: str, calculator: bool = False) -> str:
+    """With `calculator`, the solution as a verifier with a calculator reads it (`calculated`)."""
+    return f"P: {problem}\nS: {calculated(solution) if calculator else solution}\nCheck:\n"
 
 
 def corrector_prompt(problem: str, solution: str, report: str) -> str:

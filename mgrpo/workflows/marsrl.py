@@ -5,8 +5,9 @@ One problem's training rollout (at most `max_agent_steps` = 5 agent steps: S →
 
 1. S: G solutions of the problem (one group). Reward `answer_reward` (1 iff the answer is right).
 2. V: the verifier takes `k` (= 2) solutions chosen by `select_inputs` (adaptive: wrong ones first)
-   and writes G reports on each (one group per chosen solution). Reward `verifier_reward`: 1 iff its
-   verdict agrees with the reviewed solution's own reward.
+   and writes G reports on each (one group per chosen solution), reading each step with its
+   calculator value when `calculator` is on. Reward `verifier_reward`: 1 iff its verdict agrees with
+   the reviewed solution's own reward.
 3. C: among the reports with verdict Wrong, `k` are chosen (adaptive: reports with reward 1 first)
    and the corrector writes G revisions of each (one group per chosen report); reward as the solver.
    No report says Wrong → the chain stops there (a verifier found no error).
@@ -85,6 +86,7 @@ class MarsSettings:
     selection: Strategy = "adaptive"
     reward: RewardMode = "agent"
     max_agent_steps: int = 5
+    calculator: bool = False  # the verifier reads each step with its calculator value (`calculated`)
     seed: int = 0
 
 
@@ -112,7 +114,7 @@ def _verify(
     reports: list[Attempt] = []
     for j in chosen:
         sol = solutions[j]
-        prompt = verifier_prompt(problem.text, sol.turn.shown())
+        prompt = verifier_prompt(problem.text, sol.turn.shown(), s.calculator)
         for v in _attempts(run, "verifier", f"{problem.pid}.{tag}.{j}", prompt, s.group_size, sol):
             v.judges = True
             v.verdict = parse_verdict(v.turn.answer) if v.turn.format_ok else None
@@ -250,11 +252,14 @@ class VCResult:
     broke: int = 0  # … that were wrong
 
 
-def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations: int = 10) -> VCResult:
+def vc_loop(
+    problem: Problem, run: Run, *, calculator: bool = False, accept_after: int = 4, max_iterations: int = 10
+) -> VCResult:
     """MarsRL §2.7: verify; while the verdict is Wrong, correct and verify again; accept a solution
     after `accept_after` consecutive Correct verdicts; after `max_iterations` verifications without
     acceptance answer with the candidate judged Correct most often (the first such on ties; the
-    solver's own when none was)."""
+    solver's own when none was). `calculator`: the verifier reads the solutions as it was trained to
+    (`MarsSettings.calculator`)."""
     first = parse_turn(run("solver", solver_prompt(problem.text), 1, "eval.S")[0].text)
     candidates: list[tuple[Turn, int]] = [(first, 0)]  # (solution, times judged Correct)
     current, passes, first_verdict = 0, 0, None
@@ -262,7 +267,7 @@ def vc_loop(problem: Problem, run: Run, *, accept_after: int = 4, max_iterations
     for it in range(max_iterations):
         sol = candidates[current][0]
         report = parse_turn(
-            run("verifier", verifier_prompt(problem.text, sol.shown()), 1, f"eval.V{it}")[0].text
+            run("verifier", verifier_prompt(problem.text, sol.shown(), calculator), 1, f"eval.V{it}")[0].text
         )
         verdict = parse_verdict(report.answer) if report.format_ok else None
         first_verdict = verdict if it == 0 else first_verdict
@@ -338,6 +343,7 @@ def evaluate(
     problems: Sequence[Problem],
     run: Run,
     *,
+    calculator: bool = False,
     concurrency: int = 64,
     outcomes: dict[str, list[float]] | None = None,
     on_done: Callable[[], None] | None = None,
@@ -347,7 +353,7 @@ def evaluate(
     for paired comparisons of two evaluations; `on_done()` after each problem (a progress bar)."""
 
     def one(p: Problem) -> VCResult:
-        result = vc_loop(p, run)
+        result = vc_loop(p, run, calculator=calculator)
         if on_done is not None:
             on_done()
         return result

@@ -1,5 +1,8 @@
 """The MarsRL warm start: supervised fine-tuning of the tiny solver, verifier and corrector (one model
-each) and of one shared model (all three roles' demonstrations), stopped early so RL has room.
+each) and of one shared model (all three roles' demonstrations), stopped early so RL has room. The
+distinct verifier trains longer (`verifier_steps`, 2,000 against 400): with the calculator's values in
+its demonstrations it checks steps only after about 1,000 SFT steps, and before that it has learned the
+base rate of its verdicts (docs/results.md; the shared model stops with the others).
 
 Demonstrations (`mgrpo.tasks.arithmetic`): the solver writes the correct steps; the verifier reviews a
 correct or a corrupted solution (half each) and writes the step-by-step report and the verdict; the
@@ -59,6 +62,9 @@ class MarsWarmstartConfig:
     shared_preset: str = "tiny"
     vocab: int = 320
     steps: int = 400  # early stop: the solver's held-out accuracy lands in the 15-50 % band (README)
+    calculator: bool = True  # the verifier reads each step with its calculator value (MarsRLConfig)
+    verifier_steps: int = 2000  # the verifier's own SFT steps: it starts to check after about 1,000
+    corrector_steps: int = 2000  # the corrector's: it starts to use the report's values after about …
     batch_size: int = 32
     lr: float = 3e-3
     n_ops: int = 2
@@ -73,6 +79,15 @@ class MarsWarmstartConfig:
     def preset(self, model: str) -> str:
         return str(getattr(self, f"{model}_preset"))
 
+    @property
+    def total_steps(self) -> int:
+        """Steps of the build: the longest-training role's."""
+        return max(self.steps, self.verifier_steps, self.corrector_steps)
+
+    def steps_of(self, role: str) -> int:
+        """SFT steps of this role's own model (the shared model takes `steps`)."""
+        return {"verifier": self.verifier_steps, "corrector": self.corrector_steps}.get(role, self.steps)
+
 
 @dataclass
 class MarsWarmstart:
@@ -85,7 +100,9 @@ class MarsWarmstart:
         return self.folder / model
 
 
-def demo(role: str, p: Problem, tok: PreTrainedTokenizerFast, rng: random.Random) -> Transcript:
+def demo(
+    role: str, p: Problem, tok: PreTrainedTokenizerFast, rng: random.Random, calculator: bool = False
+) -> Transcript:
     good = p.steps()
     if role == "solver":
         prompt, turn = solver_prompt(p.text), solution_turn(good)
@@ -94,10 +111,11 @@ def demo(role: str, p: Problem, tok: PreTrainedTokenizerFast, rng: random.Random
         shown = parse_turn(solution_turn(bad)).shown()
         if role == "verifier":
             steps = good if rng.random() < 0.5 else bad
-            prompt = verifier_prompt(p.text, parse_turn(solution_turn(steps)).shown())
-            turn = verification_turn(*check_steps(p, steps))
+            prompt = verifier_prompt(p.text, parse_turn(solution_turn(steps)).shown(), calculator)
+            turn = verification_turn(*check_steps(p, steps, calculator))
         else:
-            prompt, turn = corrector_prompt(p.text, shown, check_steps(p, bad)[0]), solution_turn(good)
+            report = check_steps(p, bad, calculator)[0]
+            prompt, turn = corrector_prompt(p.text, shown, report), solution_turn(good)
     ids = list(tok.encode(prompt, add_special_tokens=False))
     return demo_transcript(tok, ids, [(turn, None)], "tool_response")
 
@@ -111,13 +129,20 @@ def run_warmstart(
     opts = {m: torch.optim.AdamW(model.parameters(), lr=cfg.lr) for m, model in models.items()}
     problems = make_problems("train", 3000, seed=cfg.seed, n_ops=cfg.n_ops)
     rng = random.Random(cfg.seed)
-    for step in range(cfg.steps):
+    for step in range(cfg.total_steps):
         losses = {}
         for role in ROLES:
-            batch = [demo(role, p, tok, rng) for p in rng.sample(problems, cfg.batch_size)]
+            if step >= cfg.steps_of(role):
+                continue
+            batch = [demo(role, p, tok, rng, cfg.calculator) for p in rng.sample(problems, cfg.batch_size)]
             losses[f"{role}/sft_loss"] = _sft(models[role], opts[role], tok, batch)
-        mixed = [demo(role, p, tok, rng) for role in ROLES for p in rng.sample(problems, cfg.batch_size)]
-        losses["shared/sft_loss"] = _sft(models["shared"], opts["shared"], tok, mixed)
+        if step < cfg.steps:
+            mixed = [
+                demo(role, p, tok, rng, cfg.calculator)
+                for role in ROLES
+                for p in rng.sample(problems, cfg.batch_size)
+            ]
+            losses["shared/sft_loss"] = _sft(models["shared"], opts["shared"], tok, mixed)
         if on_step:
             on_step(step, losses)
     metrics = (
@@ -152,9 +177,11 @@ def evaluate_models(
     problems = make_problems(
         "heldout", n_problems or cfg.eval_problems, seed=1000 + cfg.seed, n_ops=cfg.n_ops
     )
-    out = {"distinct": evaluate_system(problems, distinct, temperature)}
+    out = {"distinct": evaluate_system(problems, distinct, temperature, calculator=cfg.calculator)}
     if shared is not None:
-        out["shared"] = evaluate_system(problems, dict.fromkeys(ROLES, shared), temperature)
+        out["shared"] = evaluate_system(
+            problems, dict.fromkeys(ROLES, shared), temperature, calculator=cfg.calculator
+        )
     return out
 
 
@@ -164,16 +191,19 @@ def evaluate_system(
     temperature: float = 1.0,
     outcomes: dict[str, list[float]] | None = None,
     on_done: Callable[[], None] | None = None,
+    *,
+    calculator: bool = False,
 ) -> dict[str, float]:
     """The V–C loop of these models on held-out problems (`mgrpo.workflows.marsrl.evaluate`;
-    `on_done` after each problem)."""
+    `on_done` after each problem; `calculator`: as the verifier was trained)."""
     engines: dict[int, HFEngine] = {}
     agents = {}
     for role, (model, tok) in models.items():
         engine = engines.setdefault(id(model), HFEngine(model, tok))
         agents[role] = TurnAgent(engine, tok, temperature=temperature)
     try:
-        return evaluate(problems, LocalRun(agents, seed=EVAL_SEED), outcomes=outcomes, on_done=on_done)
+        run = LocalRun(agents, seed=EVAL_SEED)
+        return evaluate(problems, run, calculator=calculator, outcomes=outcomes, on_done=on_done)
     finally:
         for e in engines.values():
             e.close()
@@ -203,12 +233,16 @@ class MarsRLWarmStart:
 
     def config(self, job: JobSpec) -> MarsWarmstartConfig:
         default = MarsWarmstartConfig()
-        steps = default.steps if job.cfg.warmstart_steps is None else job.cfg.warmstart_steps
+        given = job.cfg.warmstart_steps  # every model that many steps, else each role's default
+        steps = default.steps if given is None else given
         solver, verifier, corrector = (job.model_of(r).preset or default.preset(r) for r in ROLES)
         return MarsWarmstartConfig(
             seed=job.cfg.seed,
             steps=steps,
             n_ops=job.cfg.marsrl.n_ops,
+            calculator=job.cfg.marsrl.calculator,
+            verifier_steps=default.verifier_steps if given is None else given,
+            corrector_steps=default.corrector_steps if given is None else given,
             solver_preset=solver,
             verifier_preset=verifier,
             corrector_preset=corrector,
@@ -217,7 +251,7 @@ class MarsRLWarmStart:
         )
 
     def steps(self, config: MarsWarmstartConfig) -> int:
-        return config.steps
+        return config.total_steps
 
     def eval_rollouts(self, config: MarsWarmstartConfig) -> int:
         return 0
@@ -242,8 +276,9 @@ class MarsRLWarmStart:
 
     def summary(self, built: MarsWarmstart) -> list[str]:
         return [
-            f"{name} solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  verifier accuracy "
-            f"{m['verifier_accuracy']:.2f} (always-Correct {m['always_correct_verifier_accuracy']:.2f})"
+            f"{name} solver {m['solver_accuracy']:.2f}  V–C system {m['system_accuracy']:.2f}  verifier balanced "
+            f"accuracy {m['verifier_balanced_accuracy']:.2f}  corrector fixes {m['corrector_fix_rate']:.2f}, "
+            f"breaks {m['corrector_break_rate']:.2f}"
             for name, m in built.metrics.items()
         ]
 

@@ -7,6 +7,8 @@ import pytest
 
 from mgrpo.algo import answer_reward, select_inputs, verifier_reward
 from mgrpo.tasks.arithmetic import (
+    Problem,
+    calculated,
     check_steps,
     corrupt,
     make_problems,
@@ -14,6 +16,7 @@ from mgrpo.tasks.arithmetic import (
     parse_verdict,
     solution_turn,
     verification_turn,
+    verifier_prompt,
 )
 from mgrpo.workflows.marsrl import (
     Attempt,
@@ -254,3 +257,34 @@ def test_the_vc_loop_counts_fixes_breaks_and_acceptance():
     # the solver's wrong solution flagged (recall on wrong 1), its right one flagged too (recall on right 0)
     assert m["verifier_recall"] == 1.0 and m["verifier_recall_right"] == 0.0
     assert m["verifier_balanced_accuracy"] == 0.5
+
+
+def test_the_calculator_writes_each_steps_value_and_leaves_the_check_to_the_verifier():
+    assert calculated("12-3=8 8+5=13 => 13") == "12-3=8 (9) 8+5=13 (13) => 13"
+    assert calculated("3-5=-1 => -1") == "3-5=-1 (-2) => -1"
+    p = Problem(
+        "t0",
+        "Ann has 12 apples. Ann loses 3. Ann finds 5 more. How many apples now?",
+        12,
+        (("-", 3), ("+", 5)),
+        "train",
+    )
+    # a wrong result: the value beside it differs; a miscopied operand: the value agrees, the verdict does not
+    assert check_steps(p, [(12, "-", 3, 8), (8, "+", 5, 13)], calculator=True) == ("12-3=8 (9) bad", False)
+    assert check_steps(p, [(12, "-", 4, 8), (8, "+", 5, 13)], calculator=True) == ("12-4=8 (8) bad", False)
+    assert check_steps(p, p.steps(), calculator=True) == ("12-3=9 (9) ok 9+5=14 (14) ok", True)
+    assert check_steps(p, p.steps()) == ("12-3=9 ok 9+5=14 ok", True)  # without it, as before
+    assert "S: 12-3=8 (9) => 8\n" in verifier_prompt(p.text, "12-3=8 => 8", calculator=True)
+    assert "S: 12-3=8 => 8\n" in verifier_prompt(p.text, "12-3=8 => 8")
+
+
+@pytest.mark.parametrize("calculator", [False, True])
+def test_the_verifier_reads_solutions_as_it_was_trained_in_rollouts_and_in_the_vc_loop(calculator):
+    run = Script(solver=[RIGHT], verifier=[SAYS_BAD], corrector=[RIGHT])
+    rollout_problem(
+        P, run, MarsSettings(group_size=2, max_agent_steps=2, calculator=calculator), step=0
+    )  # 2 groups
+    vc_loop(P, run, calculator=calculator, max_iterations=1)
+    seen = [prompt for role, prompt, _, _ in run.calls if role == "verifier"]
+    shown = parse_turn(RIGHT).shown()
+    assert len(seen) == 3 and all(prompt == verifier_prompt(P.text, shown, calculator) for prompt in seen)

@@ -2,8 +2,12 @@ from pathlib import Path
 
 import pytest
 
+from mgrpo.config import JobConfig
 from mgrpo.models import load
+from mgrpo.workflows import job_spec
 from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warmstart
+from mgrpo.workflows.marsrl_warmstart import MarsRLWarmStart, MarsWarmstartConfig
+from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +66,28 @@ def test_a_build_whose_job_ended_stops_at_its_next_step(tmp_path):
     with pytest.raises(BuildStopped, match="stopped at step 0"):
         job.warm_start().source(job, "planner", tmp_path, stop=stop)
     assert not [p for p in tmp_path.glob("warmstart-*") if p.is_dir() and not p.name.endswith(".partial")]
+
+
+def test_marsrl_checker_roles_train_their_own_steps_unless_the_job_gives_one_count(tmp_path):
+    """The MarsRL warm start trains the verifier and the corrector longer than the solver by default
+    (they learn to use the calculator's values late); a job's `warmstart_steps` trains every model
+    that many steps; a build runs as many steps as its longest-training role, and each role only its own."""
+    default = MarsRLWarmStart().config(job_spec(JobConfig(workflow="marsrl")))
+    assert (default.steps, default.verifier_steps, default.corrector_steps) == (400, 2000, 2000)
+    assert default.calculator and default.total_steps == 2000
+    given = MarsRLWarmStart().config(job_spec(JobConfig(workflow="marsrl", warmstart_steps=150)))
+    assert (given.steps, given.verifier_steps, given.corrector_steps, given.total_steps) == (
+        150,
+        150,
+        150,
+        150,
+    )
+    cfg = MarsWarmstartConfig(steps=2, verifier_steps=4, corrector_steps=3, batch_size=2, eval_problems=0)
+    seen = []
+    run_marsrl_warmstart(cfg, tmp_path / "w", on_step=lambda s, losses: seen.append(sorted(losses)))
+    assert seen == [
+        ["corrector/sft_loss", "shared/sft_loss", "solver/sft_loss", "verifier/sft_loss"],
+        ["corrector/sft_loss", "shared/sft_loss", "solver/sft_loss", "verifier/sft_loss"],
+        ["corrector/sft_loss", "verifier/sft_loss"],
+        ["verifier/sft_loss"],
+    ]

@@ -149,6 +149,10 @@ def test_marsrl_demo_end_to_end(tmp_path):
         d = [a - b for a, b in zip(per_problem["after"], per_problem["before"], strict=True)]
         mean = sum(d) / 20
         assert abs(gain["paired_se"] - (sum((x - mean) ** 2 for x in d) / 19 / 20) ** 0.5) < 1e-9
+    for when in ("before", "after"):  # what the loop adds over the solver alone, on the same problems
+        loop = result["system_minus_solver"][when]
+        assert abs(loop["gain"] - (result[when]["system_accuracy"] - result[when]["solver_accuracy"])) < 1e-9
+    assert "V–C system − solver alone: before" in proc.stdout
     assert "standard errors, paired" in " ".join(proc.stdout.split())
     assert "system_accuracy" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
     # not a terminal: plain progress lines a log file keeps (the warm start's, then the job's with each role)

@@ -73,17 +73,21 @@ def shipped(role: str) -> Path:
 
 
 def teacher_forced(folder: Path, n: int = 300) -> dict[str, float]:
+    """P(ok) at the first step's decision on right and corrupted first steps, the solution shown as the
+    verifier was trained to read it (with the calculator's values when its warm start had them)."""
     model, tok = load(folder)
+    built = folder.parent / "config.json"
+    calc = built.exists() and bool(json.loads(built.read_text())["config"].get("calculator", False))
     ok, bad = (tok.encode(w, add_special_tokens=False)[0] for w in (" ok", " bad"))
-    rng, out = random.Random(1), {}
+    rng, out = random.Random(1), {"calculator": float(calc)}
     for split, seed in (("train", 0), ("heldout", 2000)):
         by_truth: dict[bool, list[float]] = {True: [], False: []}
         for p in make_problems(split, n, seed=seed):
             steps = p.steps() if rng.random() < 0.5 else corrupt(p, rng)
             a, op, b, r = steps[0]
-            text = (
-                verifier_prompt(p.text, parse_turn(solution_turn(steps)).shown()) + f"<think>{a}{op}{b}={r}"
-            )
+            first = calculated(f"{a}{op}{b}={r}") if calc else f"{a}{op}{b}={r}"  # as its report writes it
+            shown = parse_turn(solution_turn(steps)).shown()
+            text = verifier_prompt(p.text, shown, calc) + f"<think>{first}"
             with torch.no_grad():
                 logp = model(torch.tensor([tok.encode(text, add_special_tokens=False)])).logits[0, -1]
             p_ok, p_bad = logp.softmax(-1)[[ok, bad]].tolist()

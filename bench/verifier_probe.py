@@ -3,7 +3,7 @@
     .venv/bin/python bench/verifier_probe.py                       # the shipped verifier, teacher-forced (10 s)
     .venv/bin/python bench/verifier_probe.py --sft --steps 1200    # a verifier SFT'd from scratch (4 min)
     .venv/bin/python bench/verifier_probe.py --sft --n-ops 1 --digits --preset small --lr 1e-3
-    .venv/bin/python bench/verifier_probe.py --sft --calc --calc-report --steps 2000 --every 200
+    .venv/bin/python bench/verifier_probe.py --sft --calc --steps 2000 --every 200   # the default recipe's view
 
 Teacher-forced (the default): the verifier reads a problem and a solution whose first step is right or
 corrupted (`mgrpo.tasks.arithmetic.corrupt`), then its own report up to that step's decision; the
@@ -19,9 +19,8 @@ as Qwen's does), `--recompute` (the report writes the step's true result before 
 solves the problem itself, then compares its answer with the solution's),
 `--data solver` (demonstrations on the shipped solver's own sampled solutions of training problems,
 half wrong and half right, labelled by `check_steps`) or `--data mix` (half of each kind), `--preset`,
-`--lr`, `--calc` (the verifier reads each step with its calculator value, `calculated`) and
-`--calc-report` (its report copies those values before each verdict; the default recipe since issue
-41 is both). Prints one JSON line per evaluation. `--errors`: what the shipped solver's wrong solutions
+`--lr`, `--calc` (the verifier reads each step with its calculator value, `calculated`, and its
+report copies them before each verdict: the default recipe since issue 41). Prints one JSON line per evaluation. `--errors`: what the shipped solver's wrong solutions
 get wrong first (operand, operator or result of which step) and how far off its wrong results are.
 """
 
@@ -97,7 +96,7 @@ def teacher_forced(folder: Path, n: int = 300) -> dict[str, float]:
     return out
 
 
-def recompute_report(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
+def recompute_report(problem: Problem, steps: list[Step], calculator: bool = False) -> tuple[str, bool]:
     """`check_steps` whose report writes each step's true result before the verdict on it."""
     words, cur = [], problem.start
     for i, (a, op, b, r) in enumerate(steps):
@@ -112,7 +111,7 @@ def recompute_report(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
     return " ".join(words if complete else [*words, "short"]), complete
 
 
-def resolve_report(problem: Problem, steps: list[Step]) -> tuple[str, bool]:
+def resolve_report(problem: Problem, steps: list[Step], calculator: bool = False) -> tuple[str, bool]:
     """A report that solves the problem itself, then compares its answer with the solution's."""
     given = steps[-1][3] if steps else None
     return f"{steps_text(problem.steps())} vs {given}", given == problem.answer
@@ -138,13 +137,16 @@ def solver_solutions(problems: list[Problem], seed: int) -> list[Judged]:
         engine.close()
 
 
-def balanced_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerFast, judged: list[Judged]) -> dict:
+def balanced_accuracy(
+    model: PreTrainedModel, tok: PreTrainedTokenizerFast, judged: list[Judged], calc: bool = False
+) -> dict:
     engine = HFEngine(model, tok)
     agent = TurnAgent(engine, tok, temperature=1.0)
 
     def verdict(i: int) -> bool | None:
         p, turn, _ = judged[i]
-        report = parse_turn(agent.sample(verifier_prompt(p.text, turn.shown()), 1, seed=50_000 + i)[0][0])
+        prompt = verifier_prompt(p.text, turn.shown(), calc)
+        report = parse_turn(agent.sample(prompt, 1, seed=50_000 + i)[0][0])
         return parse_verdict(report.answer) if report.format_ok else None
 
     try:
@@ -157,33 +159,19 @@ def balanced_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerFast, judg
     return {"recall_wrong": round(rw, 3), "recall_right": round(rr, 3), "balanced": round((rw + rr) / 2, 3)}
 
 
-def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast) -> Transcript:
+def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast, calc: bool = False) -> Transcript:
     """A verifier demonstration on a sampled solution: the report and verdict `check_steps` gives its
     written steps (a solution whose answer is not its last step's result is Wrong)."""
     p, turn, _ = judged
     steps = written_steps(turn.think)
-    report, ok = warmstart.check_steps(p, steps)
+    report, ok = warmstart.check_steps(p, steps, calc)
     ok = ok and bool(steps) and answer_value(turn.answer) == steps[-1][3]
-    prompt = list(tok.encode(verifier_prompt(p.text, turn.shown()), add_special_tokens=False))
+    prompt = list(tok.encode(verifier_prompt(p.text, turn.shown(), calc), add_special_tokens=False))
     return demo_transcript(tok, prompt, [(verification_turn(report, ok), None)], "tool_response")
-
-
-def with_calculator() -> None:
-    """Every verifier prompt of this process shows the calculator's value of each step (`calculated`)."""
-    global verifier_prompt
-    plain = verifier_prompt
-    verifier_prompt = warmstart.verifier_prompt = lambda problem, solution: plain(
-        problem, calculated(solution)
-    )
 
 
 def sft(args: argparse.Namespace) -> None:
     _, tok = load(shipped("verifier"))
-    if args.calc:
-        with_calculator()
-    if args.calc_report:  # the report copies each step's calculator value before its verdict
-        check = warmstart.check_steps
-        warmstart.check_steps = lambda problem, steps, calculator=False: check(problem, steps, True)
     if args.digits:
         tok = train_tokenizer(tokenizer_texts(0), 320, digits=True)
     if args.recompute or args.resolve:  # the demonstrations' report (in the probe's own process only)
@@ -205,8 +193,8 @@ def sft(args: argparse.Namespace) -> None:
         """32 demonstrations: corrupted-or-right (`corrupt`), the solver's own solutions, half wrong
         and half right (`solver`), or 16 of each kind (`mix`)."""
         own = 0 if args.data == "corrupt" else 32 if args.data == "solver" else 16
-        made = [warmstart.demo("verifier", p, tok, rng) for p in rng.sample(problems, 32 - own)]
-        return made + [labelled_demo(rng.choice(by_class[i % 2]), tok) for i in range(own)]
+        made = [warmstart.demo("verifier", p, tok, rng, args.calc) for p in rng.sample(problems, 32 - own)]
+        return made + [labelled_demo(rng.choice(by_class[i % 2]), tok, args.calc) for i in range(own)]
 
     start = time.time()
     for step in range(1, args.steps + 1):
@@ -215,10 +203,10 @@ def sft(args: argparse.Namespace) -> None:
             row = {
                 "step": step,
                 "loss": round(loss, 4),
-                "synthetic": balanced_accuracy(verifier, tok, synthetic),
+                "synthetic": balanced_accuracy(verifier, tok, synthetic, args.calc),
             }
             if solver:
-                row["solver_solutions"] = balanced_accuracy(verifier, tok, solver)
+                row["solver_solutions"] = balanced_accuracy(verifier, tok, solver, args.calc)
             print(json.dumps({**row, "s": round(time.time() - start)}), flush=True)
 
 
@@ -263,8 +251,9 @@ def main() -> None:
     ap.add_argument("--data", choices=("corrupt", "solver", "mix"), default="corrupt")
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--resolve", action="store_true")
-    ap.add_argument("--calc", action="store_true", help="the verifier reads each step's calculator value")
-    ap.add_argument("--calc-report", action="store_true", help="its report copies them before each verdict")
+    ap.add_argument(
+        "--calc", action="store_true", help="the verifier reads and copies each step's calculator value"
+    )
     args = ap.parse_args()
     if args.errors:
         print(json.dumps(solver_errors()))

@@ -22,6 +22,7 @@ half wrong and half right, labelled by `check_steps`) or `--data mix` (half of e
 `--lr`, `--calc` (the verifier reads each step with its calculator value, `calculated`, and its
 report copies them before each verdict: the default recipe since issue 41). Prints one JSON line per evaluation. `--errors`: what the shipped solver's wrong solutions
 get wrong first (operand, operator or result of which step) and how far off its wrong results are.
+`--rights`: the shipped verifier on the solver's right answers, with and without a wrong step on the way.
 """
 
 from __future__ import annotations
@@ -236,11 +237,39 @@ def solver_errors(n: int = 400) -> dict[str, Any]:
     return {"kinds": dict(kinds.most_common()), "result_offsets": dict(sorted(offsets.items()))}
 
 
+def right_answers(n: int = 400) -> dict[str, Any]:
+    """The shipped verifier on the shipped solver's right answers (T = 1, seeded): how many were reached
+    through steps `check_steps` passes, and its recall on all of them and on those alone."""
+    built = shipped("verifier").parent / "config.json"
+    calc = bool(json.loads(built.read_text())["config"].get("calculator", False))
+    right = [j for j in solver_solutions(make_problems("heldout", n, seed=1000), 7) if j[2]]
+
+    def clean(j: Judged) -> bool:
+        steps = written_steps(j[1].think)
+        return (
+            bool(steps)
+            and warmstart.check_steps(j[0], steps)[1]
+            and answer_value(j[1].answer) == steps[-1][3]
+        )
+
+    model, tok = load(shipped("verifier"))
+    sound = [j for j in right if clean(j)]
+    return {
+        "right_answers": len(right),
+        "through_steps_all_right": len(sound),
+        "recall_right_all": balanced_accuracy(model, tok, right, calc)["recall_right"],
+        "recall_right_steps_all_right": balanced_accuracy(model, tok, sound, calc)["recall_right"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verifier", type=Path, default=None, help="teacher-forced probe of this folder")
     ap.add_argument("--sft", action="store_true", help="train a fresh verifier and evaluate it as it learns")
     ap.add_argument("--errors", action="store_true", help="what the shipped solver gets wrong")
+    ap.add_argument(
+        "--rights", action="store_true", help="the shipped verifier on the solver's right answers"
+    )
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--every", type=int, default=300)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -257,6 +286,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.errors:
         print(json.dumps(solver_errors()))
+    elif args.rights:
+        print(json.dumps(right_answers()))
     elif args.sft:
         sft(args)
     else:

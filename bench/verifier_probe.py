@@ -76,8 +76,7 @@ def teacher_forced(folder: Path, n: int = 300) -> dict[str, float]:
     """P(ok) at the first step's decision on right and corrupted first steps, the solution shown as the
     verifier was trained to read it (with the calculator's values when its warm start had them)."""
     model, tok = load(folder)
-    built = folder.parent / "config.json"
-    calc = built.exists() and bool(json.loads(built.read_text())["config"].get("calculator", False))
+    calc = trained_with_calculator(folder)
     ok, bad = (tok.encode(w, add_special_tokens=False)[0] for w in (" ok", " bad"))
     rng, out = random.Random(1), {"calculator": float(calc)}
     for split, seed in (("train", 0), ("heldout", 2000)):
@@ -160,13 +159,25 @@ def balanced_accuracy(
     return {"recall_wrong": round(rw, 3), "recall_right": round(rr, 3), "balanced": round((rw + rr) / 2, 3)}
 
 
-def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast, calc: bool = False) -> Transcript:
-    """A verifier demonstration on a sampled solution: the report and verdict `check_steps` gives its
-    written steps (a solution whose answer is not its last step's result is Wrong)."""
+def trained_with_calculator(folder: Path) -> bool:
+    """Whether the warm start this model folder belongs to showed its verifier the calculator's values."""
+    built = folder.parent / "config.json"
+    return built.exists() and bool(json.loads(built.read_text())["config"].get("calculator", False))
+
+
+def labelled(judged: Judged, calc: bool = False) -> tuple[str, bool]:
+    """The report and verdict `check_steps` gives a sampled solution's written steps (a solution whose
+    answer is not its last step's result is Wrong)."""
     p, turn, _ = judged
     steps = written_steps(turn.think)
     report, ok = warmstart.check_steps(p, steps, calc)
-    ok = ok and bool(steps) and answer_value(turn.answer) == steps[-1][3]
+    return report, ok and bool(steps) and answer_value(turn.answer) == steps[-1][3]
+
+
+def labelled_demo(judged: Judged, tok: PreTrainedTokenizerFast, calc: bool = False) -> Transcript:
+    """A verifier demonstration on a sampled solution, labelled by `labelled`."""
+    p, turn, _ = judged
+    report, ok = labelled(judged, calc)
     prompt = list(tok.encode(verifier_prompt(p.text, turn.shown(), calc), add_special_tokens=False))
     return demo_transcript(tok, prompt, [(verification_turn(report, ok), None)], "tool_response")
 
@@ -240,20 +251,10 @@ def solver_errors(n: int = 400) -> dict[str, Any]:
 def right_answers(n: int = 400) -> dict[str, Any]:
     """The shipped verifier on the shipped solver's right answers (T = 1, seeded): how many were reached
     through steps `check_steps` passes, and its recall on all of them and on those alone."""
-    built = shipped("verifier").parent / "config.json"
-    calc = bool(json.loads(built.read_text())["config"].get("calculator", False))
+    calc = trained_with_calculator(shipped("verifier"))
     right = [j for j in solver_solutions(make_problems("heldout", n, seed=1000), 7) if j[2]]
-
-    def clean(j: Judged) -> bool:
-        steps = written_steps(j[1].think)
-        return (
-            bool(steps)
-            and warmstart.check_steps(j[0], steps)[1]
-            and answer_value(j[1].answer) == steps[-1][3]
-        )
-
     model, tok = load(shipped("verifier"))
-    sound = [j for j in right if clean(j)]
+    sound = [j for j in right if labelled(j)[1]]
     return {
         "right_answers": len(right),
         "through_steps_all_right": len(sound),

@@ -60,10 +60,15 @@ class Problem:
         return solve(self.start, self.ops)
 
 
+def apply(a: int, op: str, b: int) -> int:
+    """`a + b` or `a - b`: one step's result (what the calculator gives for it)."""
+    return a + b if op == "+" else a - b
+
+
 def solve(start: int, ops: tuple[tuple[str, int], ...]) -> list[Step]:
     out, cur = [], start
     for op, b in ops:
-        res = cur + b if op == "+" else cur - b
+        res = apply(cur, op, b)
         out.append((cur, op, b, res))
         cur = res
     return out
@@ -127,7 +132,7 @@ def check_steps(problem: Problem, steps: list[Step], calculator: bool = False) -
     words, cur = [], problem.start
     for i, (a, op, b, r) in enumerate(steps):
         want_op, want_b = problem.ops[i] if i < len(problem.ops) else ("?", -1)
-        value = a + b if op == "+" else a - b
+        value = apply(a, op, b)
         ok = a == cur and op == want_op and b == want_b and r == value
         words.append(f"{a}{op}{b}={r}{f' ({value})' if calculator else ''} {'ok' if ok else 'bad'}")
         if not ok:
@@ -154,7 +159,7 @@ def corrupt(problem: Problem, rng: random.Random) -> list[Step]:
         b = max(1, b + rng.choice((-2, -1, 1, 2)))
         if b == steps[j][2]:
             b += 1
-        r = a + b if op == "+" else a - b
+        r = apply(a, op, b)
     out = [*steps[:j], (a, op, b, r)]
     out += solve(r, problem.ops[j + 1 :])
     return out
@@ -206,8 +211,7 @@ def calculated(solution: str) -> str:
     copied the right operands and whether `r` matches is still the verifier's to check."""
 
     def value(m: re.Match[str]) -> str:
-        a, op, b = int(m[1]), m[2], int(m[3])
-        return f"{m[0]} ({a + b if op == '+' else a - b})"
+        return f"{m[0]} ({apply(int(m[1]), m[2], int(m[3]))})"
 
     return _STEP.sub(value, solution)
 

@@ -237,6 +237,12 @@ def warmstart(
             help="Build every shipped default warm start again from scratch and rewrite mgrpo/shipped/."
         ),
     ] = False,
+    ship_baseline: Annotated[
+        bool,
+        typer.Option(
+            help="Evaluate the shipped deep-research warm start on the demo's held-out questions here and ship the outcomes for this processor's numerics (about two minutes)."
+        ),
+    ] = False,
 ) -> None:
     """Warm-start (SFT) the preset models of a workflow on demonstrations: the cache a job with these
     settings uses, built once and reused (the defaults ship with mgrpo: `--rebuild` builds those)."""
@@ -246,6 +252,12 @@ def warmstart(
 
     if rebuild:
         return _rebuild_shipped()
+    if ship_baseline:
+        from mgrpo.workflows.rebuild import ship_baseline_here
+
+        listed = ship_baseline_here()
+        console.print(f"shipped {listed['file']} (evaluated {listed['evaluated']}): commit mgrpo/shipped/")
+        return
     _workflow(workflow)
     options = {"n_people": n_people} if n_people is not None else {}
     mode = "single_agent" if single_agent else "co_train"

@@ -5,8 +5,9 @@
 2. a local cluster: embedded Redis (unless REDIS_URL) and the three services as separate processes;
 3. one `co_train` job (30 steps) submitted over REST, followed live (step, reward per role, timings);
 4. the final checkpoints evaluated on held-out stage-2 questions with the seeded draws of the warm
-   start's outcomes shipped with it (`shipped.baseline`; `--fresh-baseline`, another question count or
-   a warm start not shipped: the warm start is evaluated here too), printed with the gain's paired
+   start's outcomes shipped with it for this processor's numerics (`shipped.baseline`; `--fresh-baseline`,
+   another question count, a processor none was shipped for or a warm start not shipped: the warm start
+   is evaluated here too), printed with the gain's paired
    standard error next to the baselines. 1,600 questions by default: the paired standard error near
    0.011, where 400 gave 0.022 (one run's first 400 questions printed +0.045, all 1,600 +0.086);
    `metrics.jsonl`, `rewards.png`, `eval.json` (with each question's success before and after) and
@@ -34,7 +35,12 @@ from mgrpo.workflows.deep_research_warmstart import (
     WarmstartResult,
     job_task,
 )
-from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key, evaluate_heldout
+from mgrpo.workflows.demo_baseline import (
+    DEMO_EVAL_QUESTIONS,
+    baseline_key,
+    evaluate_heldout,
+    numerics_fingerprint,
+)
 from mgrpo.workflows.shipped import baseline, provenance
 from mgrpo.workflows.spec import Built
 from services.launcher import LocalCluster
@@ -155,9 +161,15 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
         "before": (warm.planner_path, warm.subagent_path),
         "after": (Path(latest["planner"]), Path(latest["subagent"])),
     }
-    shipped = (
-        None if options.fresh_baseline else baseline(warm.folder, baseline_key(task, ws, eval_questions))
-    )
+    shipped = None
+    if not options.fresh_baseline:
+        numerics = numerics_fingerprint(systems["before"])
+        shipped = baseline(warm.folder, baseline_key(task, ws, eval_questions, numerics))
+        if shipped is None and provenance(warm.folder) is not None:
+            console.print(
+                f"warm start: no held-out outcomes shipped for this processor's numerics ({numerics}), "
+                "so it is evaluated here too (`mgrpo warmstart --ship-baseline` ships this machine's)"
+            )
     with clock.phase("evaluation"):
         evaluations = evaluate_before_after(task, ws, systems, eval_questions, shipped, console)
     before, after = {HEADLINE: evaluations["before"]["metrics"]}, {HEADLINE: evaluations["after"]["metrics"]}

@@ -1,7 +1,14 @@
 """The deep-research demo's held-out evaluation and its shipped baseline (`mgrpo.workflows.shipped`):
 a saved planner and sub-agent on the demo's seeded stage-2 questions at T = 1 (`evaluate_heldout`),
 and the key that names one such evaluation (`baseline_key`), under which the shipped warm start's
-outcomes are stored so that the demo evaluates only what it trained."""
+outcomes are stored so that the demo evaluates only what it trained.
+
+The key covers this processor's numerics (`numerics_fingerprint`): the seeded draws give the same
+outcomes only where the models' logits are the same bit for bit, and MKL picks its code path by
+processor (`mgrpo.reproducibility`). Measured 2026-12-06: the baseline shipped from one AMD EPYC
+agreed on 1,531 of 1,600 questions with an evaluation on another (family 25 model 1, AVX2 only),
+0.164 against 0.147. A machine whose fingerprint has no shipped baseline evaluates the warm start
+itself; `mgrpo warmstart --ship-baseline` adds its own."""
 
 from __future__ import annotations
 
@@ -10,6 +17,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from mgrpo.models import load
 from mgrpo.reproducibility import RECIPE_VERSIONS
@@ -25,10 +34,16 @@ DEMO_EVAL_QUESTIONS = 1600  # the deep-research demo's held-out questions (`serv
 
 
 def baseline_key(
-    task: DeepResearchTask, cfg: WarmstartConfig, n: int, stage: int = 2, temperature: float = 1.0
+    task: DeepResearchTask,
+    cfg: WarmstartConfig,
+    n: int,
+    numerics: str,
+    stage: int = 2,
+    temperature: float = 1.0,
 ) -> str:
-    """The evaluation a shipped baseline answers (`shipped.baseline`): its questions, seed, temperature and
-    the recipe versions of the agents' formats, as `stage2-T1-n1600-<12 hex digits>`."""
+    """The evaluation a shipped baseline answers (`shipped.baseline`): its questions, seed, temperature,
+    the recipe versions of the agents' formats and the `numerics_fingerprint` of the models on the
+    processor that evaluates them, as `stage2-T1-n1600-<12 hex digits>`."""
     qs = heldout_questions(task, cfg, stage, n)
     blob = json.dumps(
         {
@@ -36,6 +51,7 @@ def baseline_key(
             "seed": EVAL_SEED,
             "temperature": temperature,
             "recipe": RECIPE_VERSIONS,
+            "numerics": numerics,
         },
         sort_keys=True,
     )
@@ -55,3 +71,18 @@ def evaluate_heldout(
     models = {"it": (load(system[0]), load(system[1]))}
     metrics, outcomes = evaluate_paired(task, cfg, models, n_questions=n, on_done=on_done)
     return {"metrics": metrics["it"], "outcomes": outcomes["it"]}
+
+
+@torch.no_grad()
+def numerics_fingerprint(system: tuple[Path, Path]) -> str:
+    """12 hex digits over the logits, bit for bit, of a saved (planner, sub-agent) pair on fixed
+    token ids, in the shapes an evaluation runs (one row, a batch, long and one-token rows): equal
+    on two processors only where their numerics give these models the same floats."""
+    digest = hashlib.sha256()
+    for path in system:
+        model, tok = load(path)
+        gen = torch.Generator().manual_seed(0)
+        for rows, length in ((1, 48), (8, 48), (32, 1), (64, 12)):
+            ids = torch.randint(0, len(tok), (rows, length), generator=gen)
+            digest.update(model(input_ids=ids).logits.float().numpy().tobytes())
+    return digest.hexdigest()[:12]

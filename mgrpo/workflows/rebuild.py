@@ -20,7 +20,12 @@ from mgrpo.workflows.deep_research_warmstart import (
     run_team_warmstart,
     run_warmstart,
 )
-from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key, evaluate_heldout
+from mgrpo.workflows.demo_baseline import (
+    DEMO_EVAL_QUESTIONS,
+    baseline_key,
+    evaluate_heldout,
+    numerics_fingerprint,
+)
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
 
@@ -30,12 +35,24 @@ OnStep = Callable[[str, int, dict[str, float]], None]  # (which warm start, step
 def ship_demo_baseline(warm: WarmstartResult, root: Path = shipped.SHIPPED) -> dict[str, Any]:
     """The deep-research demo's baseline: the shipped warm start on the demo's held-out evaluation."""
     cfg, task = WarmstartConfig(), job_task(JobConfig())
-    key = baseline_key(task, cfg, DEMO_EVAL_QUESTIONS)
+    system = (warm.planner_path, warm.subagent_path)
+    key = baseline_key(task, cfg, DEMO_EVAL_QUESTIONS, numerics_fingerprint(system))
     return shipped.ship_baseline(
-        warm.folder,
-        key,
-        evaluate_heldout(task, cfg, (warm.planner_path, warm.subagent_path), DEMO_EVAL_QUESTIONS),
-        root,
+        warm.folder, key, evaluate_heldout(task, cfg, system, DEMO_EVAL_QUESTIONS), root
+    )
+
+
+def ship_baseline_here(root: Path = shipped.SHIPPED) -> dict[str, Any]:
+    """`mgrpo warmstart --ship-baseline`: the demo's baseline of the shipped default warm start,
+    evaluated on this processor and shipped beside those of others (`demo_baseline`)."""
+    cfg = WarmstartConfig()
+    folder = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
+    if folder is None:
+        raise shipped.StaleShippedError(
+            f"the default warm start is not shipped: build it with {shipped.REBUILD}"
+        )
+    return ship_demo_baseline(
+        WarmstartResult(folder, folder / "planner", folder / "subagent", {}, cached=True), root
     )
 
 

@@ -214,10 +214,13 @@ def _commit() -> str:
 
 
 def _processor() -> str:
+    """The model name, and family and model numbers (one name covers several generations)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = dict(
+            (k.strip(), v.strip())
+            for k, _, v in (line.partition(":") for line in Path("/proc/cpuinfo").read_text().splitlines())
+        )
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    name = info.get("model name") or platform.processor() or platform.machine()
+    return f"{name} (family {info['cpu family']} model {info['model']})" if "cpu family" in info else name

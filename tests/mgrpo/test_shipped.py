@@ -104,34 +104,62 @@ def test_the_fingerprint_is_what_sha256sum_prints_over_the_folder(tmp_path):
 
 # ---- baselines: a shipped warm start's held-out outcomes ---------------------------------------------
 def _demo_baseline() -> tuple[object, object, object, str]:
+    """The demo's warm start and the key of its baseline for this processor's numerics."""
     from mgrpo.workflows.deep_research_warmstart import job_task
-    from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key
+    from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key, numerics_fingerprint
 
     cfg, task = WarmstartConfig(), job_task(JobConfig())
     folder = shipped.find("warmstart", asdict(cfg), cfg.presets())
-    return cfg, task, folder, baseline_key(task, cfg, DEMO_EVAL_QUESTIONS)
+    numerics = numerics_fingerprint((folder / "planner", folder / "subagent"))
+    return cfg, task, folder, baseline_key(task, cfg, DEMO_EVAL_QUESTIONS, numerics)
 
 
 def test_the_shipped_baseline_is_what_evaluating_the_shipped_warm_start_gives():
-    """The demo's before-column comes from the shipped baseline: evaluating the shipped warm start here
-    gives the same outcomes (on the build's processor bit for bit; on the other vendor MKL's floats may
-    flip a rare draw, hence 99 %). A changed evaluation (seed, temperature, agent format) fails it."""
+    """The demo's before-column comes from the shipped baseline of this processor's numerics: evaluating
+    the shipped warm start here gives the same outcomes, every one (the same logits bit for bit, the
+    same seeded draws). A changed evaluation (seed, temperature, agent format) fails it. Where none was
+    shipped for these numerics the demo evaluates the warm start itself (another processor measured
+    agreeing on 1,531 of 1,600 questions, 0.164 against 0.147: `mgrpo.workflows.demo_baseline`)."""
     from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, evaluate_heldout
 
     cfg, task, folder, key = _demo_baseline()
+    entry = next(e for e in shipped.manifest()["warm_starts"] if e["folder"] == folder.name)
+    assert entry.get("baselines"), "the demo's baseline is not shipped: mgrpo warmstart --ship-baseline"
     stored = shipped.baseline(folder, key)
-    assert stored is not None, "the demo's baseline is not shipped: make warmstart ships it"
+    if stored is None:
+        pytest.skip("no baseline shipped for this processor's numerics: mgrpo warmstart --ship-baseline")
     here = evaluate_heldout(task, cfg, (folder / "planner", folder / "subagent"), DEMO_EVAL_QUESTIONS)
     same = sum(a == b for a, b in zip(stored["outcomes"], here["outcomes"], strict=True))
-    assert same >= 0.99 * DEMO_EVAL_QUESTIONS, f"{same} of {DEMO_EVAL_QUESTIONS} questions agree"
-    assert abs(stored["metrics"]["success"] - here["metrics"]["success"]) <= 0.01
+    assert same == DEMO_EVAL_QUESTIONS, f"{same} of {DEMO_EVAL_QUESTIONS} questions agree"
+    assert stored["metrics"]["success"] == here["metrics"]["success"]
+
+
+def test_the_numerics_fingerprint_sees_one_changed_bit(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from mgrpo.workflows.demo_baseline import numerics_fingerprint
+
+    _, _, folder, _ = _demo_baseline()
+    shutil.copytree(folder, tmp_path / "ws")
+    pair = (tmp_path / "ws" / "planner", tmp_path / "ws" / "subagent")
+    first = numerics_fingerprint(pair)
+    assert numerics_fingerprint(pair) == first and len(first) == 12
+    weights = load_file(pair[1] / "model.safetensors")
+    name = next(k for k in weights if k.endswith("mlp.down_proj.weight"))
+    w = weights[name]
+    w.view(-1)[0] = torch.nextafter(w.view(-1)[0], torch.tensor(1.0))  # one ulp in the sub-agent
+    save_file(weights, pair[1] / "model.safetensors", metadata={"format": "pt"})
+    assert numerics_fingerprint(pair) != first
 
 
 def test_another_evaluation_has_no_baseline_and_a_changed_one_is_an_error(tmp_path):
-    from mgrpo.workflows.demo_baseline import baseline_key
+    from mgrpo.workflows.demo_baseline import baseline_key, numerics_fingerprint
 
     cfg, task, folder, key = _demo_baseline()
-    assert shipped.baseline(folder, baseline_key(task, cfg, 400)) is None  # the demo evaluates it here
+    numerics = numerics_fingerprint((folder / "planner", folder / "subagent"))
+    assert shipped.baseline(folder, baseline_key(task, cfg, 400, numerics)) is None  # evaluated here
+    assert shipped.baseline(folder, baseline_key(task, cfg, 1600, "0" * 12)) is None  # other numerics
     assert shipped.baseline(tmp_path, key) is None  # not a shipped folder
     root = tmp_path / "shipped"
     shutil.copytree(shipped.SHIPPED, root)

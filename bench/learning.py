@@ -45,6 +45,7 @@ from mgrpo.models import load
 from mgrpo.workflows import job_spec
 from mgrpo.workflows.deep_research_warmstart import (
     EVAL_SEED,
+    cached_ladder,
     cached_warmstart,
     evaluate_paired,
     evaluate_single_model,
@@ -245,7 +246,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-PLATEAU_LADDER = (350, 700, 1400, 2800)  # SFT steps tried in turn by --plateau (each built from scratch)
+PLATEAU_LADDER = (350, 700, 1400, 2800)  # SFT steps tried in turn by --plateau (one run, saved at each)
 
 
 def plateau(
@@ -318,9 +319,13 @@ def compare_worlds(
 def find_plateau(world: int | None, args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """`plateau` of one world's warm start, each rung scored like the study's start (stage 2, T = 1)."""
 
-    def scores(steps: int) -> dict[str, float]:
-        job = job_for("co_train", 0, args, world).model_copy(update={"warmstart_steps": steps})
-        ws = cached_warmstart(job_spec(job).warmstart_config(), args.cache_dir)
+    job = job_for("co_train", 0, args, world)
+    rungs = cached_ladder(job_spec(job).warmstart_config(), PLATEAU_LADDER, args.cache_dir)
+
+    def scores(steps: int) -> dict[str, float]:  # asked rung by rung: one SFT run goes on while asked
+        ws = next(rungs)
+        if json.loads((ws.folder / "config.json").read_text())["config"]["steps"] != steps:
+            raise RuntimeError(f"the warm-start ladder is out of step with PLATEAU_LADDER at {steps}")
         out = evaluate_checkpoint(job, ws.planner_path, ws.subagent_path, args.eval_questions)
         console.print(f"world {job.seed} warm start of {steps} SFT steps: {_cell_line(out)}")
         return dict(out["by_question"])

@@ -17,7 +17,7 @@ import json
 import random
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -104,6 +104,62 @@ def _train_questions(task: DeepResearchTask, cfg: WarmstartConfig) -> list[Quest
     )
 
 
+class PairTraining:
+    """The SFT run of `cfg`'s planner and sub-agent, advanced in parts: the learning rate is constant
+    and the batches one seeded draw, so `advance(n)` then `save` gives the same weights, bit for bit,
+    as a warm start built alone with `steps = n`, whatever was saved before (`cached_ladder`)."""
+
+    def __init__(self, cfg: WarmstartConfig) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.task, self.done = cfg, make_task(cfg), 0
+        texts = tokenizer_texts(self.task)
+        self.ptok, self.stok = (
+            train_tokenizer(texts, cfg.planner_vocab),
+            train_tokenizer(texts, cfg.subagent_vocab),
+        )
+        self.pm = build_model(cfg.planner_preset, self.ptok, seed=cfg.seed)
+        self.sm = build_model(cfg.subagent_preset, self.stok, seed=cfg.seed + 1)
+        self.popt = torch.optim.AdamW(self.pm.parameters(), lr=cfg.lr)
+        self.sopt = torch.optim.AdamW(self.sm.parameters(), lr=cfg.lr)
+        self.questions = _train_questions(self.task, cfg)
+        self.rng = random.Random(cfg.seed)
+        self.p_demos: dict[str, Transcript] = {}  # demonstrations are deterministic: build each once
+        self.s_demos: dict[str, Transcript] = {}
+
+    def advance(self, steps: int, on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        """Train on until `steps` SFT steps are done in all."""
+        task, cfg = self.task, self.cfg
+        for step in range(self.done, steps):
+            qs = self.rng.sample(self.questions, cfg.batch_size)
+            subs = self.rng.sample(subtasks_of(task, qs), cfg.batch_size)
+            p_batch = [
+                self.p_demos.get(q.qid) or self.p_demos.setdefault(q.qid, planner_demo(task, self.ptok, q))
+                for q in qs
+            ]
+            s_batch = [
+                self.s_demos.get(s) or self.s_demos.setdefault(s, subagent_demo(task, self.stok, s))
+                for s in subs
+            ]
+            p_loss = _sft(self.pm, self.popt, self.ptok, p_batch, cfg)
+            s_loss = _sft(self.sm, self.sopt, self.stok, s_batch, cfg)
+            self.done = step + 1
+            if on_step:
+                on_step(step, {"planner/sft_loss": p_loss, "subagent/sft_loss": s_loss})
+
+    def save(self, out: Path, on_eval: Callable[[], None] | None = None) -> WarmstartResult:
+        """Evaluate and save the models as the warm start of `self.done` steps (its own config)."""
+        cfg = replace(self.cfg, steps=self.done)
+        with torch.random.fork_rng():  # training after an evaluation draws as if there were none
+            pair = (self.pm, self.ptok), (self.sm, self.stok)
+            metrics = evaluate_system(self.task, *pair, cfg, on_done=on_eval) if cfg.eval_questions else {}
+        out.mkdir(parents=True, exist_ok=True)
+        save(self.pm, self.ptok, out / "planner")
+        save(self.sm, self.stok, out / "subagent")
+        (out / "config.json").write_text(cfg.provenance())
+        (out / "eval.json").write_text(json.dumps(metrics, indent=2))
+        return WarmstartResult(out, out / "planner", out / "subagent", metrics, cached=False)
+
+
 def run_warmstart(
     cfg: WarmstartConfig,
     out: Path,
@@ -113,38 +169,34 @@ def run_warmstart(
 ) -> WarmstartResult:
     """Train both models from scratch on demonstrations; save them and their evaluation to `out`
     (`on_step` after each SFT step, `on_eval` after each of the evaluation's `eval_rollouts()`)."""
-    torch.manual_seed(cfg.seed)
-    task = make_task(cfg)
-    texts = tokenizer_texts(task)
-    ptok, stok = train_tokenizer(texts, cfg.planner_vocab), train_tokenizer(texts, cfg.subagent_vocab)
-    pm, sm = (
-        build_model(cfg.planner_preset, ptok, seed=cfg.seed),
-        build_model(cfg.subagent_preset, stok, seed=cfg.seed + 1),
-    )
-    popt = torch.optim.AdamW(pm.parameters(), lr=cfg.lr)
-    sopt = torch.optim.AdamW(sm.parameters(), lr=cfg.lr)
-    questions = _train_questions(task, cfg)
-    rng = random.Random(cfg.seed)
-    p_demos: dict[str, Transcript] = {}  # demonstrations are deterministic: build each once
-    s_demos: dict[str, Transcript] = {}
-    for step in range(cfg.steps):
-        qs = rng.sample(questions, cfg.batch_size)
-        subs = rng.sample(subtasks_of(task, qs), cfg.batch_size)
-        p_batch = [p_demos.get(q.qid) or p_demos.setdefault(q.qid, planner_demo(task, ptok, q)) for q in qs]
-        s_batch = [s_demos.get(s) or s_demos.setdefault(s, subagent_demo(task, stok, s)) for s in subs]
-        p_loss = _sft(pm, popt, ptok, p_batch, cfg)
-        s_loss = _sft(sm, sopt, stok, s_batch, cfg)
-        if on_step:
-            on_step(step, {"planner/sft_loss": p_loss, "subagent/sft_loss": s_loss})
-    metrics = (
-        evaluate_system(task, (pm, ptok), (sm, stok), cfg, on_done=on_eval) if cfg.eval_questions else {}
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    save(pm, ptok, out / "planner")
-    save(sm, stok, out / "subagent")
-    (out / "config.json").write_text(cfg.provenance())
-    (out / "eval.json").write_text(json.dumps(metrics, indent=2))
-    return WarmstartResult(out, out / "planner", out / "subagent", metrics, cached=False)
+    training = PairTraining(cfg)
+    training.advance(cfg.steps, on_step)
+    return training.save(out, on_eval)
+
+
+def cached_ladder(
+    cfg: WarmstartConfig,
+    ladder: Sequence[int],
+    cache_dir: Path,
+    *,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> Iterator[WarmstartResult]:
+    """The (planner, sub-agent) warm starts of `cfg` with `ladder`'s rising step counts, each the one
+    `cached_warmstart` gives for that many steps, from one SFT run that goes on only while the
+    caller asks for the next rung (a plateau search trains the longest rung it needs, not their sum)."""
+    if list(ladder) != sorted(set(ladder)):
+        raise ValueError(f"a warm-start ladder rises step by step, got {list(ladder)}")
+    training: PairTraining | None = None
+    for steps in ladder:
+        rung = replace(cfg, steps=steps)
+
+        def build(tmp: Path, rung: WarmstartConfig = rung) -> dict[str, Any]:
+            nonlocal training
+            training = training or PairTraining(rung)
+            training.advance(rung.steps, on_step)
+            return training.save(tmp).metrics
+
+        yield _cached("warmstart", rung, cache_dir, build)
 
 
 def _sft(
@@ -270,14 +322,6 @@ def cached_warmstart(
     reuse `cache_dir/<kind>-<config key>` when it holds a finished one, else run and store one.
     Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer)."""
     kind = "single" if single_agent else "team" if team else "warmstart"
-    names = {"single": ("single", "single"), "team": ("planner", "searcher")}.get(
-        kind, ("planner", "subagent")
-    )
-    found = shipped.find(kind, asdict(cfg), cfg.presets())
-    if found is not None:
-        metrics = json.loads((found / "eval.json").read_text())
-        return WarmstartResult(found, found / names[0], found / names[1], metrics, cached=True)
-    folder = cache_dir / f"{kind}-{cfg.key()}"
 
     def build(tmp: Path) -> dict[str, Any]:
         if team:
@@ -288,6 +332,21 @@ def cached_warmstart(
             return run_single_warmstart(cfg, tmp, on_step=on_step).metrics
         return run_warmstart(cfg, tmp, on_step=on_step, on_eval=on_eval).metrics
 
+    return _cached(kind, cfg, cache_dir, build)
+
+
+def _cached(
+    kind: str, cfg: WarmstartConfig, cache_dir: Path, build: Callable[[Path], dict[str, Any]]
+) -> WarmstartResult:
+    """The shipped `kind` warm start of `cfg` if there is one, else `cache_dir/<kind>-<key>` built once."""
+    names = {"single": ("single", "single"), "team": ("planner", "searcher")}.get(
+        kind, ("planner", "subagent")
+    )
+    found = shipped.find(kind, asdict(cfg), cfg.presets())
+    if found is not None:
+        metrics = json.loads((found / "eval.json").read_text())
+        return WarmstartResult(found, found / names[0], found / names[1], metrics, cached=True)
+    folder = cache_dir / f"{kind}-{cfg.key()}"
     metrics, cached = build_once(folder, build)
     return WarmstartResult(folder, folder / names[0], folder / names[1], metrics, cached=cached)
 

@@ -1,11 +1,13 @@
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from mgrpo.config import JobConfig
 from mgrpo.models import load
 from mgrpo.workflows import job_spec
-from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warmstart
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_ladder, cached_warmstart
 from mgrpo.workflows.marsrl_warmstart import MarsRLWarmStart, MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
 
@@ -25,6 +27,29 @@ def test_tiny_warmstart_trains_saves_and_is_cached(tmp_path):
     again = cached_warmstart(cfg, tmp_path, on_step=lambda s, m: pytest.fail("retrained a cached warm start"))
     assert again.cached and again.metrics == first.metrics
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_ladder_of_warm_starts_is_one_run_giving_each_rung_the_bytes_it_has_built_alone(tmp_path):
+    """`bench/learning.py --plateau` asks for 350, 700, 1,400 … SFT steps in turn: one run that goes
+    on while asked, each rung stored where (and as) `cached_warmstart` would build it alone."""
+    cfg = WarmstartConfig(n_people=60, steps=1, batch_size=8, eval_questions=2)
+    trained: list[int] = []
+    rungs = cached_ladder(cfg, [2, 4], tmp_path, on_step=lambda s, m: trained.append(s))
+    short = next(rungs)
+    assert trained == [0, 1]  # lazily: nothing past the rung asked for
+    long = next(rungs)
+    assert trained == [0, 1, 2, 3]  # went on from step 2, not again from scratch
+    alone = cached_warmstart(replace(cfg, steps=4), tmp_path / "alone")
+    assert long.folder.name == alone.folder.name
+    assert (long.folder / "config.json").read_text() == (alone.folder / "config.json").read_text()
+    assert long.metrics == alone.metrics
+    for ours, theirs in ((long.planner_path, alone.planner_path), (long.subagent_path, alone.subagent_path)):
+        a, b = load(ours)[0].state_dict(), load(theirs)[0].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    again = cached_warmstart(replace(cfg, steps=2), tmp_path, on_step=lambda s, m: pytest.fail("retrained"))
+    assert again.cached and again.folder == short.folder
+    with pytest.raises(ValueError, match="rises"):
+        next(cached_ladder(cfg, [4, 2], tmp_path))
 
 
 def test_single_agent_warmstart(tmp_path):

@@ -17,7 +17,10 @@ its `AUTO` branch (`MKL_VERBOSE=1` prints `CNR:AUTO,STRICT` on the AMD EPYC mach
 and an AMD machine build different warm starts (measured: the demo's warm start evaluates 0.203 on
 one, 0.165 on the other). MKL's only vendor-neutral branch, `COMPATIBLE` (SSE2), made the SFT step
 2.2x slower here (1.55 against 0.70 s, 2026-12-03), so it is not the default; `MKL_CBWR=COMPATIBLE,STRICT`
-set before a run selects it (a different cache key, not verified on an Intel machine).
+set before a run selects it (a different cache key, not verified on an Intel machine). Within a vendor
+MKL's `AUTO` branch differs by generation too: the shipped warm start's 1,600 seeded held-out outcomes
+from one AMD EPYC matched those of another (family 25 model 1, AVX2 only) on 1,531 (2026-12-06), so the
+demo's shipped baseline is keyed by the models' logits on this processor (`demo_baseline`).
 
 **Cache keys.** A cached warm start is reused only when everything that changes its result is the
 same: its config, the version of each generator it consumes (`RECIPE_VERSIONS`: bump one when its code

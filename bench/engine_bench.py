@@ -31,14 +31,8 @@ from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import System, evaluate
 from mgrpo.models import build_model, load, n_params, train_tokenizer
 from mgrpo.tasks.deep_research import DeepResearchTask, make_questions
-from mgrpo.workflows.deep_research_warmstart import (
-    EVAL_SEED,
-    WarmstartConfig,
-    cached_warmstart,
-    heldout_questions,
-    majority_baseline,
-    make_task,
-)
+from mgrpo.workflows.deep_research_eval import EVAL_SEED, heldout_questions, majority_baseline
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warmstart, make_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.mfu import matmul_peak

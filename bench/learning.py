@@ -43,17 +43,15 @@ from mgrpo.engines.hf import HFEngine
 from mgrpo.evaluation import evaluate_single, mean_over_runs, paired_by_question, pooled
 from mgrpo.models import load
 from mgrpo.workflows import job_spec
-from mgrpo.workflows.deep_research_warmstart import (
+from mgrpo.workflows.deep_research_eval import (
     EVAL_SEED,
-    cached_ladder,
-    cached_warmstart,
     evaluate_paired,
     evaluate_single_model,
     evaluate_system,
     heldout_questions,
-    job_task,
     majority_baseline,
 )
+from mgrpo.workflows.deep_research_warmstart import cached_ladder, cached_warmstart, job_task
 from services.demo import run_train
 
 ARMS: dict[str, dict[str, Any]] = {

@@ -17,7 +17,7 @@ import json
 import random
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -27,20 +27,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from mgrpo.batching import length_sorted_chunks, sft_step_chunked
 from mgrpo.config import JobConfig
-from mgrpo.engines.hf import HFEngine
-from mgrpo.evaluation import System, evaluate, evaluate_single
 from mgrpo.models import build_model, load, save, train_tokenizer
 from mgrpo.presets import PRESETS
 from mgrpo.records import Transcript
 from mgrpo.reproducibility import cache_key, provenance
-from mgrpo.tasks.deep_research import DeepResearchTask, Question, majority_answers, make_questions, team_role
+from mgrpo.tasks.deep_research import DeepResearchTask, Question, make_questions, team_role
 from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 from mgrpo.tasks.world import generate_world
 from mgrpo.workflows import shipped
+from mgrpo.workflows.deep_research_eval import evaluate_single_model, evaluate_system
 from mgrpo.workflows.spec import JobSpec, stop_check
-
-ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerFast]
-EVAL_SEED = 1000  # held-out sampling is seeded: two systems see the same random draws (a paired comparison)
 
 
 @dataclass(frozen=True)
@@ -210,105 +206,6 @@ def _sft(
     return sft_step_chunked(model, opt, chunks)
 
 
-def evaluate_system(
-    task: DeepResearchTask,
-    planner: tuple[PreTrainedModel, PreTrainedTokenizerFast],
-    subagent: tuple[PreTrainedModel, PreTrainedTokenizerFast],
-    cfg: WarmstartConfig,
-    on_done: Callable[[], None] | None = None,
-    **grid: Any,
-) -> dict[str, dict[str, float]]:
-    """Held-out success of planner + sub-agent (stages 1 and 2, temperature 1 and greedy by default;
-    `grid` narrows it: see `heldout_grid`), with baselines and process metrics; `on_done` after
-    each rollout."""
-
-    def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
-        return _evaluate_seeded(task, planner, subagent, qs, majority, temperature, on_done)[0]
-
-    return heldout_grid(task, cfg, run, **grid)
-
-
-def _evaluate_seeded(
-    task: DeepResearchTask,
-    planner: ModelAndTokenizer,
-    subagent: ModelAndTokenizer,
-    qs: list[Question],
-    majority: dict[str, str],
-    temperature: float,
-    on_done: Callable[[], None] | None,
-) -> tuple[dict[str, float], list[float]]:
-    """One system on `qs` with the evaluation seed: its metrics and its success per question."""
-    system = System.build(task, planner, subagent, temperature=temperature, seed=EVAL_SEED)
-    try:
-        return evaluate(system, qs, majority, on_done=on_done), system.outcomes
-    finally:
-        system.close()
-
-
-def evaluate_single_model(
-    task: DeepResearchTask,
-    single: tuple[PreTrainedModel, PreTrainedTokenizerFast],
-    cfg: WarmstartConfig,
-    **grid: Any,
-) -> dict[str, dict[str, float]]:
-    """The single-agent baseline on the same held-out grid as `evaluate_system`."""
-
-    def run(qs: list[Question], majority: dict[str, str], temperature: float) -> dict[str, float]:
-        engine = HFEngine(*single)
-        try:
-            return evaluate_single(engine, task, qs, majority, temperature=temperature, seed=EVAL_SEED)
-        finally:
-            engine.close()
-
-    return heldout_grid(task, cfg, run, **grid)
-
-
-def heldout_grid(
-    task: DeepResearchTask,
-    cfg: WarmstartConfig,
-    run: Callable[[list[Question], dict[str, str], float], dict[str, float]],
-    *,
-    stages: tuple[int, ...] = (1, 2),
-    temperatures: tuple[float, ...] = (1.0, 0.0),
-    n_questions: int | None = None,
-) -> dict[str, dict[str, float]]:
-    """`run` on the same held-out questions for every system (`cfg.eval_questions` per stage unless
-    `n_questions`); cells are named `heldout_stage<stage>_T<temperature>`."""
-    majority = majority_baseline(task)
-    out: dict[str, dict[str, float]] = {}
-    for stage in stages:
-        qs = heldout_questions(task, cfg, stage, n_questions or cfg.eval_questions)
-        for temperature in temperatures:
-            out[f"heldout_stage{stage}_T{temperature:g}"] = run(qs, majority, temperature)
-    return out
-
-
-def heldout_questions(task: DeepResearchTask, cfg: WarmstartConfig, stage: int, n: int) -> list[Question]:
-    """The seeded held-out questions every evaluation of a stage draws from (people never trained on)."""
-    return make_questions(task.world, "heldout", stage, n, seed=1000 + cfg.seed)
-
-
-def evaluate_paired(
-    task: DeepResearchTask,
-    cfg: WarmstartConfig,
-    systems: Mapping[str, tuple[ModelAndTokenizer, ModelAndTokenizer]],
-    *,
-    n_questions: int,
-    stage: int = 2,
-    temperature: float = 1.0,
-    on_done: Callable[[], None] | None = None,
-) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
-    """Each named (planner, sub-agent) system on the same held-out questions with the same seeded
-    draws: its metrics, and its success per question in one order (for `evaluation.paired_gain`)."""
-    qs, majority = heldout_questions(task, cfg, stage, n_questions), majority_baseline(task)
-    metrics, outcomes = {}, {}
-    for name, (planner, subagent) in systems.items():
-        metrics[name], outcomes[name] = _evaluate_seeded(
-            task, planner, subagent, qs, majority, temperature, on_done
-        )
-    return metrics, outcomes
-
-
 def cached_warmstart(
     cfg: WarmstartConfig,
     cache_dir: Path,
@@ -364,13 +261,6 @@ def build_once(folder: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[d
         metrics = build(tmp)
         tmp.rename(folder)
     return metrics, False
-
-
-def majority_baseline(task: DeepResearchTask) -> dict[str, str]:
-    """The majority answer of each question kind over training questions (the baseline every evaluation reports)."""
-    return majority_answers(
-        make_questions(task.world, "train", 1, 600) + make_questions(task.world, "train", 2, 1000)
-    )
 
 
 def run_single_warmstart(

@@ -23,12 +23,8 @@ import torch
 from mgrpo.models import load
 from mgrpo.reproducibility import RECIPE_VERSIONS
 from mgrpo.tasks.deep_research import DeepResearchTask
-from mgrpo.workflows.deep_research_warmstart import (
-    EVAL_SEED,
-    WarmstartConfig,
-    evaluate_paired,
-    heldout_questions,
-)
+from mgrpo.workflows.deep_research_eval import EVAL_SEED, evaluate_paired, heldout_questions
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig
 
 DEMO_EVAL_QUESTIONS = 1600  # the deep-research demo's held-out questions (`services/demo.py`)
 

@@ -32,14 +32,13 @@ from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmsta
 OnStep = Callable[[str, int, dict[str, float]], None]  # (which warm start, step, losses)
 
 
-def ship_demo_baseline(warm: WarmstartResult, root: Path = shipped.SHIPPED) -> dict[str, Any]:
-    """The deep-research demo's baseline: the shipped warm start on the demo's held-out evaluation."""
+def ship_demo_baseline(folder: Path, root: Path = shipped.SHIPPED) -> dict[str, Any]:
+    """The deep-research demo's baseline: the shipped warm start in `folder` (its planner and
+    sub-agent) on the demo's held-out evaluation, keyed by this processor's numerics."""
     cfg, task = WarmstartConfig(), job_task(JobConfig())
-    system = (warm.planner_path, warm.subagent_path)
+    system = (folder / "planner", folder / "subagent")
     key = baseline_key(task, cfg, DEMO_EVAL_QUESTIONS, numerics_fingerprint(system))
-    return shipped.ship_baseline(
-        warm.folder, key, evaluate_heldout(task, cfg, system, DEMO_EVAL_QUESTIONS), root
-    )
+    return shipped.ship_baseline(folder, key, evaluate_heldout(task, cfg, system, DEMO_EVAL_QUESTIONS), root)
 
 
 def ship_baseline_here(root: Path = shipped.SHIPPED) -> dict[str, Any]:
@@ -51,9 +50,7 @@ def ship_baseline_here(root: Path = shipped.SHIPPED) -> dict[str, Any]:
         raise shipped.StaleShippedError(
             f"the default warm start is not shipped: build it with {shipped.REBUILD}"
         )
-    return ship_demo_baseline(
-        WarmstartResult(folder, folder / "planner", folder / "subagent", {}, cached=True), root
-    )
+    return ship_demo_baseline(folder, root)
 
 
 def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list[dict[str, Any]]:
@@ -70,7 +67,7 @@ def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list
         base = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
         assert base is not None
         base_result = WarmstartResult(base, base / "planner", base / "subagent", pair.metrics, cached=True)
-        ship_demo_baseline(base_result, root)
+        ship_demo_baseline(base, root)
         team = run_team_warmstart(cfg, Path(tmp) / "team", base_result, on_step=step_of("team"))
         entries.append(shipped.ship("team", asdict(cfg), cfg.presets(), team.folder, root))
         mars = MarsWarmstartConfig()

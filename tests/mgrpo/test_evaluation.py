@@ -1,4 +1,4 @@
-"""Held-out evaluation (`mgrpo.evaluation`, `mgrpo.workflows.deep_research_warmstart.evaluate_paired`): repeatable, paired."""
+"""Held-out evaluation (`mgrpo.evaluation`, `mgrpo.workflows.deep_research_eval.evaluate_paired`): repeatable, paired."""
 
 import math
 
@@ -6,12 +6,8 @@ import pytest
 
 from mgrpo.evaluation import mean_over_runs, paired_by_question, paired_gain, pooled
 from mgrpo.models import load
-from mgrpo.workflows.deep_research_warmstart import (
-    WarmstartConfig,
-    cached_warmstart,
-    evaluate_paired,
-    make_task,
-)
+from mgrpo.workflows.deep_research_eval import evaluate_paired
+from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warmstart, make_task
 
 
 def test_paired_gain_by_hand():

@@ -183,3 +183,26 @@ def test_a_rebuilt_warm_start_drops_the_baselines_of_the_old_bytes(tmp_path):
     assert not (root / listed["file"]).exists()
     with pytest.raises(ValueError, match="not a shipped warm start"):
         shipped.ship_baseline(built, "k", {"outcomes": []}, root)
+
+
+def test_ship_baseline_here_ships_this_machines_outcomes_under_its_numerics(monkeypatch, tmp_path):
+    """`mgrpo warmstart --ship-baseline` on a copy of the shipped folder (32 questions, not the demo's
+    1,600): the demo then finds a baseline under this machine's key, with this machine's processor."""
+    from mgrpo.workflows import rebuild
+    from mgrpo.workflows.demo_baseline import baseline_key, numerics_fingerprint
+
+    cfg, task, folder, _ = _demo_baseline()
+    root = tmp_path / "shipped"
+    shutil.copytree(shipped.SHIPPED, root)
+    monkeypatch.setattr(rebuild, "DEMO_EVAL_QUESTIONS", 32)
+    rebuild.ship_baseline_here(root)
+    key = baseline_key(task, cfg, 32, numerics_fingerprint((folder / "planner", folder / "subagent")))
+    stored = shipped.baseline(root / folder.name, key, root)
+    assert stored is not None and len(stored["outcomes"]) == 32
+    listed = next(e for e in shipped.manifest(root)["warm_starts"] if e["folder"] == folder.name)
+    assert listed["baselines"][key]["evaluated"]["processor"] == shipped._processor()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "manifest.json").write_text('{"warm_starts": []}')
+    with pytest.raises(shipped.StaleShippedError, match="not shipped"):
+        rebuild.ship_baseline_here(empty)

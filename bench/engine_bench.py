@@ -37,6 +37,8 @@ from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.mfu import matmul_peak
 
+STATIC_CACHE = {"static": True, "dynamic": False}  # the two KV-cache kinds the bench compares
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,7 +69,7 @@ def main() -> None:
     best = best_times(model, tok, prompts, args)
     tps = {k: n_tokens / v for k, v in best.items()}
     step = {
-        kind: decode_step_s(model, kind == "static", args.concurrency, args.context)
+        kind: decode_step_s(model, STATIC_CACHE[kind], args.concurrency, args.context)
         for kind in ("static", "dynamic")
     }
     floors = decode_floors(model, args.concurrency, args.context)
@@ -111,7 +113,7 @@ def episodes(n: int, cache_dir: Path, repeats: int) -> dict[str, float]:
     out: dict[str, float] = {"episodes": n}
     for _ in range(repeats):
         for kind in ("static", "dynamic"):
-            os.environ["MGRPO_HF_STATIC_CACHE"] = "1" if kind == "static" else "0"
+            os.environ["MGRPO_HF_STATIC_CACHE"] = str(int(STATIC_CACHE[kind]))
             system = System.build(task, planner, subagent, temperature=1.0, seed=EVAL_SEED)
             t0 = time.perf_counter()
             success = evaluate(system, questions, majority)["success"]
@@ -130,7 +132,7 @@ def episodes(n: int, cache_dir: Path, repeats: int) -> dict[str, float]:
 def best_times(model: Any, tok: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, float]:
     """Best-of-`repeats` seconds of each arm on the same prompts (interleaved)."""
     engines = {
-        kind: HFEngine(model, tok, max_batch=args.concurrency, gather_ms=20, static_cache=kind == "static")
+        kind: HFEngine(model, tok, max_batch=args.concurrency, gather_ms=20, static_cache=STATIC_CACHE[kind])
         for kind in ("static", "dynamic")
     }
     for engine in engines.values():

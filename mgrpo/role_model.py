@@ -119,7 +119,7 @@ def _loads_adapters(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine
 
 def _broadcasts(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
     """Whether the engine's servers take each policy by broadcast (else from the checkpoint folder)."""
-    return isinstance(engine, SGLangEngine | ReplicatedEngine) and engine.weight_sync == "distributed"
+    return isinstance(engine, SGLangEngine | ReplicatedEngine) and engine.broadcasts
 
 
 class RoleModel:

@@ -35,6 +35,7 @@ class ReplicatedEngine:
         self.replicas = list(replicas)
         self.weights_version = 0
         self.weight_sync = replicas[0].weight_sync  # the same for every replica (runtime.rollout_engine)
+        self.broadcasts = replicas[0].broadcasts
         self.in_flight = [0] * len(self.replicas)  # prompts sent and not yet answered, per replica
         self._home: OrderedDict[tuple[int, ...], int] = OrderedDict()  # prefix → its replica
         self._lock = threading.Lock()

@@ -100,6 +100,7 @@ class SGLangEngine:
         self.eos_token_id = eos_token_id
         self.weights_version = 0  # the policy version last loaded with update_weights
         self.weight_sync = weight_sync
+        self.broadcasts = weight_sync == "distributed"  # each policy pushed by broadcast, not from disk
         self.sync_host = sync_host
         self._group: Any = None  # the weight group, opened at the first push
         self._group_name = f"mgrpo-weights-{uuid.uuid4().hex[:8]}"

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -37,6 +37,15 @@ def server_timing(header: str) -> dict[str, float]:
                 except ValueError:
                     continue
     return out
+
+
+class Callee(Protocol):
+    """What a root's rollout delegates to: a callee role's service over HTTP (`CalleeClient`), or
+    the role's job hosted in the root's own trainer (`services.hosted`)."""
+
+    role: str
+
+    def episode(self, body: dict[str, Any]) -> Delegation: ...
 
 
 class PartnerError(RuntimeError):

@@ -1,7 +1,7 @@
 """The root trainer's waits on the callee roles' trainers, by their ledgers: before step s, every
 callee role has applied step s − 1 − max_staleness; the job is done when every one applied the last
 step. A wait ends with `PartnerError` naming the role after the job's `partner_timeout_s`, or with
-`JobCancelled` within 50 ms of a cancel."""
+`JobCancelled` within 50 ms of a cancel or of another trainer failing the job."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from planner_trainer.delegate import PartnerError
 from shared_store import Store
 from shared_store.jobs import JobCancelled
+from shared_store.schemas import TERMINAL
 
 
 def wait_applied(
@@ -33,7 +34,8 @@ def wait_applied(
                 raise PartnerError(
                     f"the {role} trainer did not finish step {step} within {timeout_s:.0f} s; is the {role} service running?"
                 )
-            if store.jobs.cancel_requested(job_id):
+            record = store.jobs.get(job_id)
+            if record.cancel_requested or record.status in TERMINAL:  # a cancel, or a partner failed it
                 raise JobCancelled()
             if stop is not None and stop.wait(0.02):
                 return

@@ -36,6 +36,7 @@ from mgrpo.workflows.deep_research import (
     outcome_reward,
 )
 from mgrpo.workflows.openai_agents import Call, calls_per_rollout, program_query
+from planner_trainer.delegate import CalleeClient
 from planner_trainer.job import QuestionRoot
 from planner_trainer.queries import log
 from planner_trainer.root import Rollouts
@@ -71,7 +72,8 @@ class ProgramRootJob(QuestionRoot):
         super().__init__(*args, **kw)
         if self.cfg.program is None:
             raise ValueError(f"program: the {self.job.flow.name} workflow needs the job's agent program")
-        urls = {self.root: self.placement.public_url, **{r: c.base_url for r, c in self.callees.items()}}
+        http = {r: c for r, c in self.callees.items() if isinstance(c, CalleeClient)}  # every one here
+        urls = {self.root: self.placement.public_url, **{r: c.base_url for r, c in http.items()}}
         missing = [r for r in self.job.flow.role_names if not urls.get(r)]
         if missing:
             raise ValueError(

@@ -38,7 +38,7 @@ from mgrpo.runtime import Placement
 from mgrpo.timing import PhaseTimer
 from mgrpo.tracking import open_trackers
 from mgrpo.workflows import JobSpec
-from planner_trainer.delegate import CalleeClient, PartnerError
+from planner_trainer.delegate import Callee, CalleeClient, PartnerError
 from planner_trainer.partners import wait_applied
 from shared_store import EpisodeArrays, Store
 from shared_store.jobs import JobCancelled
@@ -79,13 +79,15 @@ class RootJob:
         callees: Mapping[str, CalleeClient],
         placement: Placement,
     ) -> None:
-        """`callees`: a client per callee role with a trainer of its own (`job.callee_trainers`)."""
+        """`callees`: a client per callee role with a trainer of its own (`job.callee_trainers`); a
+        role hosted in this trainer (`job.hosted_callees`) joins with `host` before `run`."""
         self.store, self.job_id, self.job, self.cfg = store, job_id, job, job.cfg
-        self.root, self.remote = job.root, job.callee_trainers
-        missing = [r for r in self.remote if r not in callees]
+        self.root, self.remote = job.root, job.callee_loops  # the callee roles whose ledgers it waits on
+        missing = [r for r in job.callee_trainers if r not in callees]
         if missing:
             raise PartnerError(f"no service configured for role(s) {', '.join(missing)} (MGRPO_ROLE_URLS)")
-        self.callees, self.placement = callees, placement
+        self.callees: dict[str, Callee] = dict(callees)
+        self.placement = placement
         last = store.ledger.last_step(job_id, self.root)
         self.model = RoleModel(
             job, self.root, placement=placement, job_id=job_id, last_step=last, max_batch=self.max_batch
@@ -111,6 +113,13 @@ class RootJob:
     @property
     def version(self) -> int:
         return self.model.version
+
+    def host(self, role: str, callee: Callee) -> None:
+        """A callee role hosted in this trainer (its job built on this root's base): delegations to
+        it call `callee` directly."""
+        if role not in self.job.hosted_callees:
+            raise ValueError(f"the {role} role is not hosted in the {self.root} trainer of this job")
+        self.callees[role] = callee
 
     @functools.cached_property
     def rollout_pool(self) -> ThreadPoolExecutor:
@@ -313,7 +322,7 @@ class RootJob:
                 step=step,
                 checkpoint=self.model.shown(ckpt.path),
             )
-            self.store.commit_step(done, roles=self.job.trainer_roles)
+            self.store.commit_step(done, roles=self.job.ledger_roles)
         values = {
             **{f"{r}/{k}": v for k, v in metrics.items()},
             **{f"{h}/{k}": v for h, m in heads.items() for k, v in m.items()},

@@ -24,7 +24,12 @@ WorkflowOpt = Annotated[
         help="deep_research (planner → sub-agent), deep_research_team (planner → searcher | comparer), marsrl (solver → verifier → corrector), or an installed plugin's (`mgrpo workflows` lists them)."
     ),
 ]
-SharedOpt = Annotated[bool, typer.Option(help="marsrl: one model and one trainer for every role.")]
+SharedOpt = Annotated[
+    bool,
+    typer.Option(
+        help="marsrl: one model and one trainer for every role; deep_research (local up): no sub-agent service, for jobs that host the sub-agent on the planner's base."
+    ),
+]
 
 
 def _workflow(name: str) -> Workflow:

@@ -22,6 +22,7 @@ from planner_trainer.root import RootJob
 from services.api import RolloutRequest, RolloutResponse, RolloutView
 from services.common import AuthDep, install_common, running_job
 from services.generate import add_policy_routes
+from services.hosted import hosted_callees
 from services.settings import Settings
 from services.worker import placement_of, trainer_lifespan
 from shared_store import Store
@@ -55,7 +56,8 @@ class RootRuntime:
                 raise
             self.job = root
             try:
-                root.run()
+                with hosted_callees(self.store, job_id, job, root):
+                    root.run()
                 return True
             finally:
                 self.job = None

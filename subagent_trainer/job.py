@@ -75,11 +75,22 @@ class CalleeJob:
 
     intake: ClassVar[type[StepMessage]]
 
-    def __init__(self, store: Store, job_id: str, job: JobSpec, role: str, *, placement: Placement) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job_id: str,
+        job: JobSpec,
+        role: str,
+        *,
+        placement: Placement,
+        base_of: RoleModel | None = None,
+    ) -> None:
+        """`base_of`: the root's model, when this role is hosted in the root's trainer with an adapter
+        of its own on the root's base (`JobSpec.hosted_callees`)."""
         self.store, self.job_id, self.job, self.cfg, self.role = store, job_id, job, job.cfg, role
         self.consumer_name = placement.consumer_name or f"{role}-trainer"
         last = store.ledger.last_step(job_id, role)
-        self.model = RoleModel(job, role, placement=placement, job_id=job_id, last_step=last)
+        self.model = RoleModel(job, role, placement=placement, job_id=job_id, last_step=last, base_of=base_of)
         self.trackers = open_trackers(
             job.cfg, job_id, role, placement=placement, start_step=self.model.start_step, report=self.event
         )
@@ -144,7 +155,14 @@ class CalleeJob:
     # ---- training -----------------------------------------------------------------------------------
     def run(self) -> None:
         """Train every step of the job as its intake messages arrive, until the last step is in the
-        ledger; returns early when the job ended elsewhere, raises JobCancelled on a cancel."""
+        ledger; returns early when the job ended elsewhere, raises JobCancelled on a cancel. Then, where
+        the root evaluates a held-out split, serve its episodes until the job ends."""
+        if self.train_steps() and self.cfg.dataset is not None and self.cfg.dataset.eval_split is not None:
+            self.serve_until_done()
+
+    def train_steps(self, stop: threading.Event | None = None) -> bool:
+        """The training loop of `run`; returns whether the last step is in the ledger (False: the job
+        ended elsewhere, or `stop` was set)."""
         consumer = StreamConsumer(
             self.store.client,
             keys.stream(self.job_id, self.intake_stream()),
@@ -156,13 +174,12 @@ class CalleeJob:
         last = self.cfg.steps - 1
         while not self.store.ledger.is_applied(self.job_id, self.role, last):
             record = self.store.jobs.get(self.job_id)
-            if record.status in TERMINAL:
-                return  # the root finished it (failed / cancelled)
+            if record.status in TERMINAL or (stop is not None and stop.is_set()):
+                return False  # the root finished it (failed / cancelled), or its host stops it
             if record.cancel_requested:
                 raise JobCancelled()
             consume_once(consumer, self.store.ledger, self.role, self.train_step, count=1, block_ms=200)
-        if self.cfg.dataset is not None and self.cfg.dataset.eval_split is not None:
-            self.serve_until_done()
+        return True
 
     def serve_until_done(self) -> None:
         """After the last step, keep serving episodes while the root evaluates the held-out split with
@@ -214,7 +231,7 @@ class CalleeJob:
                     step=msg.step,
                     checkpoint=self.model.shown(ckpt.path),
                 ),
-                roles=self.job.trainer_roles,
+                roles=self.job.ledger_roles,
                 ledger=False,
             )
         rewards = np.array([s.reward for s in samples if not math.isnan(s.reward)] or [0.0])

@@ -51,7 +51,11 @@ class Workflow:
     demo: the function behind `mgrpo demo --workflow <name>` (`services.demo.DemoOptions`); "" = none.
     modes: the `mode`s a job may ask for; `single_agent`: the workflow that mode runs instead.
     shares_root_model: a callee role may train with the root's model in the root's trainer
-      (`roles.<r>.share_model_with`).
+      (`roles.<r>.share_model_with`), its samples scored and trained by the root (MarsRL).
+    hosts_callees: a callee role may share the root's base with an adapter of its own
+      (`share_model_with` and `lora` on both) and then runs its own callee job inside the root's
+      trainer: it serves its episodes there and trains on its intake from Redis as a trainer of its
+      own would (deep research's sub-agents: the M-GRPO exchange unchanged).
     takes_dataset: the root's queries may come from a user dataset, scored by the job's `reward`.
     runs_program: the rollout is the job's agent program (`program`), every role a chat model by path.
     """
@@ -68,6 +72,7 @@ class Workflow:
     modes: tuple[Mode, ...] = ("co_train",)
     single_agent: str = ""
     shares_root_model: bool = False
+    hosts_callees: bool = False
     takes_dataset: bool = True
     runs_program: bool = False
 
@@ -89,8 +94,8 @@ class Workflow:
 
     def cluster_roles(self, *, shared: bool = False) -> tuple[str, ...]:
         """The roles a local cluster runs a trainer service for, root first (`shared`: the callees
-        train with the root's model in its service)."""
-        if shared and not self.shares_root_model:
+        train with the root's model, or on its base, in its service)."""
+        if shared and not (self.shares_root_model or self.hosts_callees):
             raise ValueError(
                 f"the {self.name} workflow trains each role with a model of its own (no --shared)"
             )
@@ -138,6 +143,8 @@ class Workflow:
             )
         if ("single_agent" in self.modes) != bool(self.single_agent):
             out.append("give single_agent (the workflow that mode runs) exactly when modes has single_agent")
+        if self.shares_root_model and self.hosts_callees:
+            out.append("a callee on the root's model is trained by the root or hosts its own job: not both")
         return out
 
 

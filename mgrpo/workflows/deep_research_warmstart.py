@@ -103,20 +103,29 @@ def _train_questions(task: DeepResearchTask, cfg: WarmstartConfig) -> list[Quest
 class PairTraining:
     """The SFT run of `cfg`'s planner and sub-agent, advanced in parts: the learning rate is constant
     and the batches one seeded draw, so `advance(n)` then `save` gives the same weights, bit for bit,
-    as a warm start built alone with `steps = n`, whatever was saved before (`cached_ladder`)."""
+    as a warm start built alone with `steps = n`, whatever was saved before (`cached_ladder`).
 
-    def __init__(self, cfg: WarmstartConfig) -> None:
+    `shared`: one model (the planner's preset, the larger vocabulary) learns both roles' batches, one
+    SFT step each per step with one optimizer: the base a sub-agent hosted on the planner's base
+    (`JobSpec.hosted_callees`) shares, each role then training an adapter of its own on it."""
+
+    def __init__(self, cfg: WarmstartConfig, *, shared: bool = False) -> None:
         torch.manual_seed(cfg.seed)
-        self.cfg, self.task, self.done = cfg, make_task(cfg), 0
+        self.cfg, self.task, self.done, self.shared = cfg, make_task(cfg), 0, shared
         texts = tokenizer_texts(self.task)
-        self.ptok, self.stok = (
-            train_tokenizer(texts, cfg.planner_vocab),
-            train_tokenizer(texts, cfg.subagent_vocab),
-        )
-        self.pm = build_model(cfg.planner_preset, self.ptok, seed=cfg.seed)
-        self.sm = build_model(cfg.subagent_preset, self.stok, seed=cfg.seed + 1)
-        self.popt = torch.optim.AdamW(self.pm.parameters(), lr=cfg.lr)
-        self.sopt = torch.optim.AdamW(self.sm.parameters(), lr=cfg.lr)
+        if shared:
+            self.ptok = self.stok = train_tokenizer(texts, max(cfg.planner_vocab, cfg.subagent_vocab))
+            self.pm = self.sm = build_model(cfg.planner_preset, self.ptok, seed=cfg.seed)
+            self.popt = self.sopt = torch.optim.AdamW(self.pm.parameters(), lr=cfg.lr)
+        else:
+            self.ptok, self.stok = (
+                train_tokenizer(texts, cfg.planner_vocab),
+                train_tokenizer(texts, cfg.subagent_vocab),
+            )
+            self.pm = build_model(cfg.planner_preset, self.ptok, seed=cfg.seed)
+            self.sm = build_model(cfg.subagent_preset, self.stok, seed=cfg.seed + 1)
+            self.popt = torch.optim.AdamW(self.pm.parameters(), lr=cfg.lr)
+            self.sopt = torch.optim.AdamW(self.sm.parameters(), lr=cfg.lr)
         self.questions = _train_questions(self.task, cfg)
         self.rng = random.Random(cfg.seed)
         self.p_demos: dict[str, Transcript] = {}  # demonstrations are deterministic: build each once
@@ -150,10 +159,12 @@ class PairTraining:
             metrics = evaluate_system(self.task, *pair, cfg, on_done=on_eval) if cfg.eval_questions else {}
         out.mkdir(parents=True, exist_ok=True)
         save(self.pm, self.ptok, out / "planner")
-        save(self.sm, self.stok, out / "subagent")
+        if not self.shared:
+            save(self.sm, self.stok, out / "subagent")
         (out / "config.json").write_text(cfg.provenance())
         (out / "eval.json").write_text(json.dumps(metrics, indent=2))
-        return WarmstartResult(out, out / "planner", out / "subagent", metrics, cached=False)
+        sub = out / ("planner" if self.shared else "subagent")
+        return WarmstartResult(out, out / "planner", sub, metrics, cached=False)
 
 
 def run_warmstart(
@@ -162,10 +173,12 @@ def run_warmstart(
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     on_eval: Callable[[], None] | None = None,
+    shared: bool = False,
 ) -> WarmstartResult:
-    """Train both models from scratch on demonstrations; save them and their evaluation to `out`
-    (`on_step` after each SFT step, `on_eval` after each of the evaluation's `eval_rollouts()`)."""
-    training = PairTraining(cfg)
+    """Train both models (`shared`: one model for both roles) from scratch on demonstrations; save
+    them and their evaluation to `out` (`on_step` after each SFT step, `on_eval` after each of the
+    evaluation's `eval_rollouts()`)."""
+    training = PairTraining(cfg, shared=shared)
     training.advance(cfg.steps, on_step)
     return training.save(out, on_eval)
 
@@ -212,13 +225,15 @@ def cached_warmstart(
     *,
     single_agent: bool = False,
     team: bool = False,
+    shared: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     on_eval: Callable[[], None] | None = None,
 ) -> WarmstartResult:
     """The shipped warm start of this config when there is one (`mgrpo.workflows.shipped`), else
     reuse `cache_dir/<kind>-<config key>` when it holds a finished one, else run and store one.
-    Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer)."""
-    kind = "single" if single_agent else "team" if team else "warmstart"
+    Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer), `shared`
+    (one model, `planner`, for both roles)."""
+    kind = "single" if single_agent else "team" if team else "shared" if shared else "warmstart"
 
     def build(tmp: Path) -> dict[str, Any]:
         if team:
@@ -227,7 +242,7 @@ def cached_warmstart(
             ).metrics
         if single_agent:
             return run_single_warmstart(cfg, tmp, on_step=on_step).metrics
-        return run_warmstart(cfg, tmp, on_step=on_step, on_eval=on_eval).metrics
+        return run_warmstart(cfg, tmp, on_step=on_step, on_eval=on_eval, shared=shared).metrics
 
     return _cached(kind, cfg, cache_dir, build)
 
@@ -236,9 +251,11 @@ def _cached(
     kind: str, cfg: WarmstartConfig, cache_dir: Path, build: Callable[[Path], dict[str, Any]]
 ) -> WarmstartResult:
     """The shipped `kind` warm start of `cfg` if there is one, else `cache_dir/<kind>-<key>` built once."""
-    names = {"single": ("single", "single"), "team": ("planner", "searcher")}.get(
-        kind, ("planner", "subagent")
-    )
+    names = {
+        "single": ("single", "single"),
+        "team": ("planner", "searcher"),
+        "shared": ("planner", "planner"),
+    }.get(kind, ("planner", "subagent"))
     found = shipped.find(kind, asdict(cfg), cfg.presets())
     if found is not None:
         metrics = json.loads((found / "eval.json").read_text())
@@ -380,6 +397,13 @@ class DeepResearchWarmStart:
         )
 
     def source(self, job: JobSpec, role: str, cache_dir: Path, *, stop: threading.Event | None = None) -> str:
+        if job.hosted_callees:  # the callees train adapters on the root's base: one model for all roles
+            if role != job.root:
+                raise ValueError(
+                    f"roles.{role}: a hosted callee starts from the root's base, not a warm start of its own"
+                )
+            shared = cached_warmstart(self.config(job), cache_dir, shared=True, on_step=stop_check(stop))
+            return str(shared.planner_path)
         built = self.build(self.config(job), cache_dir, on_step=stop_check(stop))
         if self.kind == "single":
             return str(built.planner_path)

@@ -158,8 +158,33 @@ class JobSpec:
 
     @property
     def root_roles(self) -> tuple[str, ...]:
-        """The roles whose samples the root trainer trains: the root and every role that shares its model."""
-        return tuple(r for r in self.flow.role_names if r == self.root or self.shares_root(r))
+        """The roles whose samples the root trainer trains: the root and every role that shares its
+        model (but a hosted callee's, which trains in a job of its own: `hosted_callees`)."""
+        return tuple(
+            r
+            for r in self.flow.role_names
+            if r == self.root or (self.shares_root(r) and r not in self.hosted_callees)
+        )
+
+    @property
+    def hosted_callees(self) -> tuple[str, ...]:
+        """The callee roles that run their own callee job inside the root's trainer, with an adapter of
+        their own on the root's base (`Workflow.hosts_callees`): no trainer service of their own."""
+        if not self.flow.hosts_callees:
+            return ()
+        return tuple(r for r in self.flow.callees if self.shares_root(r))
+
+    @property
+    def ledger_roles(self) -> tuple[str, ...]:
+        """The roles that train in a step loop of their own and mark the ledger, root first: every
+        trainer role and every hosted callee (a step's records are kept until all of them are done)."""
+        return (*self.trainer_roles, *self.hosted_callees)
+
+    @property
+    def callee_loops(self) -> tuple[str, ...]:
+        """The callee roles the root waits for, step by step: those with a trainer of their own and
+        those hosted in its trainer."""
+        return (*self.callee_trainers, *self.hosted_callees)
 
     @property
     def trains_callees(self) -> bool:
@@ -216,7 +241,13 @@ def _roles(spec: JobSpec) -> None:
                 f"{rc.share_model_with}'s model",
             )
         where = ("roles", name, "share_model_with")
-        if not wf.shares_root_model:
+        if wf.hosts_callees and rc.lora is None:
+            raise JobConfigError(
+                where,
+                f"roles.{name}.share_model_with: in the {wf.name} workflow a callee shares the root's base "
+                f"with an adapter of its own: give roles.{name}.lora and roles.{wf.root}.lora, or drop share_model_with",
+            )
+        if not (wf.shares_root_model or wf.hosts_callees):
             raise JobConfigError(
                 where,
                 f"roles.{name}.share_model_with: the {wf.name} workflow trains each role with a model of its own",

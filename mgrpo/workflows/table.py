@@ -41,6 +41,7 @@ DEEP_RESEARCH = Workflow(
     demo="services.demo:run_demo",
     modes=("co_train", "main_only", "single_agent"),
     single_agent="single_agent",
+    hosts_callees=True,
 )  # fmt: skip  # a table: one role per line
 SINGLE_AGENT = Workflow(
     "single_agent",

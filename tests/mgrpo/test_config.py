@@ -24,6 +24,25 @@ def test_roles_follow_the_workflow():
     assert shared.trainer_roles == ("solver",) and shared.root_roles == ("solver", "verifier", "corrector")
     assert shared.callee_trainers == () and mars.callee_trainers == ("verifier", "corrector")
     assert spec(mode="single_agent").callee_trainers == () and spec().callee_trainers == ("subagent",)
+    assert shared.hosted_callees == () and shared.ledger_roles == ("solver",)
+
+
+def test_a_callee_on_the_roots_base_is_hosted_in_its_trainer():
+    """deep_research's sub-agent with an adapter of its own on the planner's base: no trainer service
+    of its own, trained in a loop of its own (not by the root), its ledger kept until it is done."""
+    lora = {"rank": 4}
+    hosted = spec(
+        roles={"planner": {"lora": lora}, "subagent": {"lora": lora, "share_model_with": "planner"}}
+    )
+    assert hosted.trainer_roles == ("planner",) and hosted.callee_trainers == ()
+    assert hosted.hosted_callees == ("subagent",) and hosted.root_roles == ("planner",)
+    assert hosted.ledger_roles == ("planner", "subagent") and hosted.callee_loops == ("subagent",)
+    plain = spec()
+    assert plain.hosted_callees == () and plain.ledger_roles == plain.trainer_roles == ("planner", "subagent")
+    with pytest.raises(JobConfigError, match=r"roles.subagent.lora and roles.planner.lora"):
+        spec(roles={"subagent": {"share_model_with": "planner"}})
+    with pytest.raises(JobConfigError, match="needs that base frozen"):
+        spec(roles={"subagent": {"lora": lora, "share_model_with": "planner"}})
 
 
 def test_the_two_role_fields_fold_into_roles():

@@ -29,6 +29,28 @@ def test_tiny_warmstart_trains_saves_and_is_cached(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_the_shared_warm_start_is_one_model_that_learned_both_roles(tmp_path):
+    """The base a hosted sub-agent shares with the planner (`JobSpec.hosted_callees`): one model and
+    one tokenizer, both roles' demonstrations, cached apart from the pair of the same config; a job
+    that hosts its sub-agent starts its planner from it."""
+    lora = {"rank": 4}
+    roles = {"planner": {"lora": lora}, "subagent": {"lora": lora, "share_model_with": "planner"}}
+    job = job_spec(JobConfig.model_validate({"n_people": 60, "warmstart_steps": 2, "roles": roles}))
+    cfg = job.warmstart_config()
+    seen: list[dict[str, float]] = []
+    one = cached_warmstart(cfg, tmp_path, shared=True, on_step=lambda s, m: seen.append(m))
+    assert one.planner_path == one.subagent_path
+    assert {p.name for p in one.folder.iterdir()} == {"planner", "config.json", "eval.json"}
+    assert seen[0]["planner/sft_loss"] > 0 and seen[0]["subagent/sft_loss"] > 0
+    assert len(load(one.planner_path)[1]) == max(cfg.planner_vocab, cfg.subagent_vocab)
+    pair = cached_warmstart(cfg, tmp_path)
+    assert pair.folder != one.folder and not pair.cached
+    ws = job.warm_start()
+    assert ws.source(job, "planner", tmp_path) == str(one.planner_path)
+    with pytest.raises(ValueError, match="root's base"):
+        ws.source(job, "subagent", tmp_path)
+
+
 def test_a_ladder_of_warm_starts_is_one_run_giving_each_rung_the_bytes_it_has_built_alone(tmp_path):
     """`bench/learning.py --plateau` asks for 350, 700, 1,400 … SFT steps in turn: one run that goes
     on while asked, each rung stored where (and as) `cached_warmstart` would build it alone."""

@@ -23,8 +23,9 @@ def test_the_table_answers_what_the_services_ask():
     assert DEEP_RESEARCH.cluster_roles() == ("planner", "subagent")
     assert MARSRL.cluster_roles() == ("solver", "verifier", "corrector")
     assert MARSRL.cluster_roles(shared=True) == ("solver",)
+    assert DEEP_RESEARCH.cluster_roles(shared=True) == ("planner",)  # the sub-agent hosted on its base
     with pytest.raises(ValueError, match="model of its own"):
-        DEEP_RESEARCH.cluster_roles(shared=True)
+        DEEP_RESEARCH_TEAM.cluster_roles(shared=True)
     assert DEEP_RESEARCH_TEAM.callee_for("born first: A 1971, B 1968") == "comparer"
     assert DEEP_RESEARCH_TEAM.callee_for("birth year of A") == "searcher"
     assert DEEP_RESEARCH.callee_for("born first: A 1971, B 1968") == "subagent"  # the one callee

@@ -59,3 +59,17 @@ def test_the_jobs_end_abandons_a_call_a_stopped_partner_never_answers():
     finally:
         client.close()
         server.close()
+
+
+def test_the_wait_on_a_partners_ledger_ends_when_another_trainer_failed_the_job(redis_url):
+    """A callee trainer that failed the job (a remote service, or one hosted in the root's trainer,
+    `services.hosted`) ends the root's wait at once, not at the job's partner timeout."""
+    from planner_trainer.partners import wait_applied
+    from shared_store import Store
+
+    store = Store.connect(redis_url)
+    record, _ = store.jobs.create({"steps": 2}, None, roles=("planner",))
+    store.jobs.transition(record.job_id, "running")
+    store.jobs.transition(record.job_id, "failed", "subagent trainer: boom")
+    with pytest.raises(JobCancelled):  # before: waited out the 30 s, then PartnerError
+        wait_applied(store, record.job_id, ("subagent",), 0, timeout_s=30)

@@ -1,0 +1,118 @@
+"""Deep research's planner and sub-agent as two LoRA adapters on one frozen base in one trainer
+process (`roles.subagent.share_model_with: planner`, `services.hosted`), through the real services:
+a cluster that runs only the planner's trainer (no sub-agent service), Redis, the controller.
+
+The planner's process is SIGKILLed once the hosted sub-agent's first step is in the ledger; the
+supervisor restarts it and both roles resume from their adapter checkpoints. The job succeeds, every
+step of both roles is in the ledger exactly once, each role's queue is accounted, each final
+checkpoint is a peft adapter folder on the planner's warm start (unchanged bytes), the two adapters
+are their own (different weights), and the sub-agent's updates are its own metrics records."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mgrpo.config import JobConfig
+from mgrpo.lora import weights_sha256
+from mgrpo.workflows import DEEP_RESEARCH, job_spec
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart
+from services.launcher import LocalCluster
+from shared_store import Store
+from shared_store.schemas import MetricsEvent
+from tests.services.checks import assert_accounted, stream_messages, supervised, wait_ledger
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
+TOKEN = "hosted-token"
+H = {"Authorization": f"Bearer {TOKEN}"}
+LORA = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}
+JOB = {
+    "steps": 3,
+    "prompts_per_step": 2,
+    "rollouts_per_query": 4,
+    "subagent_slots_per_rollout": 3,
+    "partner_timeout_s": 300,
+    "roles": {
+        "planner": {"optim": {"lr": 2e-3}, "lora": LORA},
+        "subagent": {"optim": {"lr": 2e-3}, "lora": LORA, "share_model_with": "planner"},
+    },
+}
+
+
+def test_a_subagent_hosted_on_the_planners_base_trains_and_resumes_after_kill(tmp_path):
+    job_cfg = job_spec(JobConfig.model_validate(JOB))
+    assert job_cfg.trainer_roles == ("planner",) and job_cfg.hosted_callees == ("subagent",)
+    warm = cached_warmstart(job_cfg.warmstart_config(), CACHE, shared=True)  # one model, both roles
+    cluster = LocalCluster(
+        tmp_path, api_token=TOKEN, roles=("planner",), extra_env={"MGRPO_CACHE_DIR": str(CACHE)}
+    )
+    with supervised(cluster):
+        url, store = cluster.url("controller"), Store.connect(cluster.redis_url)
+        r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["job_id"]
+        wait_ledger(store, job_id, "subagent", 0)
+        first = cluster.procs["planner"]
+        first.kill()  # SIGKILL: the planner and its hosted sub-agent; the supervisor restarts them
+        deadline = time.monotonic() + 600
+        while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] not in (
+            "succeeded",
+            "failed",
+            "cancelled",
+        ):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.5)
+        assert job["status"] == "succeeded", job["reason"]
+        assert cluster.procs["planner"] is not first, "the planner's trainer was never restarted"
+        marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
+        assert marks == sorted((r, s) for r in DEEP_RESEARCH.role_names for s in range(JOB["steps"]))
+        assert_accounted(store, job_id, DEEP_RESEARCH.role_names)
+        records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
+        events = [
+            e.message for e in stream_messages(store, job_id, "events", MetricsEvent) if e.kind == "event"
+        ]
+    for role in DEEP_RESEARCH.role_names:  # both resumed from their own adapter checkpoints, once
+        resumed = [e for e in events if e.startswith(f"{role} resumed at step ")]
+        assert len(resumed) == 1 and f"{job_id}/{role}/step-" in resumed[0], events
+
+    base = warm.planner_path
+    adapters = {}
+    for role in DEEP_RESEARCH.role_names:
+        ckpt = sorted((cluster.checkpoint_dir("planner") / job_id / role).glob("step-*"))[-1]  # one volume
+        names = {p.name for p in ckpt.iterdir()}
+        assert {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        } <= names and "model.safetensors" not in names
+        meta = json.loads((ckpt / "mgrpo.json").read_text())
+        assert Path(meta["lora_base"]["path"]).resolve() == base.resolve(), (role, meta["lora_base"])
+        assert meta["lora_base"]["sha256"] == weights_sha256(base)  # the shared base is still the warm start
+        adapters[role] = load_file(ckpt / "adapter_model.safetensors")
+        steps = [r["step"] for r in records if r["role"] == role and f"{role}/loss" in r["values"]]
+        assert steps == list(range(JOB["steps"])) or set(steps) == set(range(JOB["steps"])), (role, steps)
+    print(
+        {
+            r["step"]: {
+                k: round(v, 4)
+                for k, v in r["values"].items()
+                if k.split("/")[-1] in ("grad_norm", "reward_mean", "reward_std", "samples", "loss")
+            }
+            for r in records
+            if r["role"] == "subagent"
+        }
+    )
+    planner, subagent = adapters["planner"], adapters["subagent"]
+    assert planner.keys() == subagent.keys()
+    differ = [k for k in planner if not torch.equal(planner[k], subagent[k])]
+    assert differ, "the hosted sub-agent trained the planner's adapter, not one of its own"
+    grads = [r["values"]["subagent/grad_norm"] for r in records if "subagent/grad_norm" in r["values"]]
+    assert max(grads) > 0, f"the hosted sub-agent's updates had no gradient: {grads}"
+    b = [v for k, v in subagent.items() if "lora_B" in k]  # zero at the start: moved only by its updates
+    assert b and all(v.abs().sum() > 0 for v in b), "the hosted sub-agent's adapter never moved"

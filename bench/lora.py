@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/lora.py --costs                  # per-update costs, tiny and small presets (~1 min)
     .venv/bin/python bench/lora.py --demos 2                # + the demo twice each way, interleaved (~20 min)
+    .venv/bin/python bench/lora.py --demos 1 --arms lora hosted   # two adapters: two services, or one base
 
 Costs (`--costs`): one role's `RoleModel` on a saved preset, full weights and a rank-8 all-linear
 adapter, the same 16 sampled rows each update: the update's median seconds over `--updates`, the
@@ -11,8 +12,11 @@ the checkpoint's bytes, and the decode throughput of the served model merged (th
 against the peft model unmerged (the HF forward with its dynamic cache; the static decoder cannot
 read an unmerged adapter): 64 prompts × 32 new tokens.
 
-Learning (`--demos N`): `mgrpo demo` N times full (its defaults) and N times with `--lora 8 --lr 1e-3`,
-alternating, each on its own run folder; each run's held-out gain and paired SE from its eval.json.
+Learning (`--demos N`): `mgrpo demo` N times per arm, alternating, each on its own run folder: `full`
+(its defaults), `lora` (`--lora 8 --lr 1e-3`: each role its adapter on its own warm start, two
+services) and, when named in `--arms`, `hosted` (`--shared --lora 8 --lr 1e-3`: the sub-agent hosted in
+the planner's service, both adapters on the shared warm start, whose own "before" is its own);
+each run's held-out success before and after, gain and paired SE from its eval.json.
 
 Writes `results.json` into `--out`.
 """
@@ -131,16 +135,18 @@ def costs(preset: str, updates: int, work: Path) -> dict[str, Any]:
     return out
 
 
-def demos(n: int, work: Path, cache_dir: Path) -> list[dict[str, Any]]:
+def demos(n: int, work: Path, cache_dir: Path, arms: list[str]) -> list[dict[str, Any]]:
     from services.demo import DemoOptions, run_demo  # the demo's own code path, as `mgrpo demo` runs it
 
+    options_of = {
+        "full": DemoOptions(cache_dir=cache_dir),
+        "lora": DemoOptions(cache_dir=cache_dir, lora=8, lr=1e-3),
+        "hosted": DemoOptions(cache_dir=cache_dir, lora=8, lr=1e-3, shared=True),
+    }
     console = Console()
     runs = []
     for i in range(n):
-        for arm, options in (
-            ("full", DemoOptions(cache_dir=cache_dir)),
-            ("lora", DemoOptions(cache_dir=cache_dir, lora=8, lr=1e-3)),
-        ):
+        for arm, options in ((a, options_of[a]) for a in arms):
             t0 = time.perf_counter()
             result = run_demo(work / f"demo-{i}-{arm}", options, console)
             gain = result["gain"]
@@ -165,6 +171,7 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--demos", type=int, default=0, help="demo runs per arm (0: none)")
+    ap.add_argument("--arms", nargs="+", choices=["full", "lora", "hosted"], default=["full", "lora"])
     ap.add_argument("--out", type=Path, default=Path("bench/results/lora"))
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     args = ap.parse_args()
@@ -174,7 +181,7 @@ def main() -> None:
         result["costs"] = {p: costs(p, args.updates, args.out / "work") for p in args.presets}
         print(json.dumps(result["costs"], indent=2))
     if args.demos:
-        result["demos"] = demos(args.demos, args.out, args.cache_dir)
+        result["demos"] = demos(args.demos, args.out, args.cache_dir, args.arms)
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out / 'results.json'}")
 

@@ -112,6 +112,21 @@ def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
         )
 
 
+def _check_shared_base(role: str, base_of: RoleModel, own_adapter_here: bool, placement: Placement) -> None:
+    """A role on another role's base trains an adapter of its own in that role's process, rolling out
+    in it (`own_adapter_here`: it has a lora and runs in one process)."""
+    if base_of.adapter is None or not own_adapter_here:
+        raise ValueError(
+            f"roles.{role}: a role on another role's base needs both to train LoRA adapters, in one process"
+        )
+    if placement.sglang_url:  # SGLang names a loaded adapter by policy version only
+        raise ValueError(
+            f"roles.{role}: a role on {base_of.role}'s base would load its adapters on {base_of.role}'s "
+            "rollout servers under the same names (one per policy version): start this trainer without "
+            f"MGRPO_SGLANG_URL, or give {role} a trainer of its own (drop share_model_with)"
+        )
+
+
 def _loads_adapters(engine: object) -> TypeGuard[SGLangEngine | ReplicatedEngine]:
     """Whether the engine's servers take a LoRA role's adapter folders (SGLang's LoRA API)."""
     return isinstance(engine, SGLangEngine | ReplicatedEngine)
@@ -152,10 +167,8 @@ class RoleModel:
         if lora is not None:
             _check_lora_placement(role, placement, self.world)
         if base_of is not None:  # the other role's base, shared
-            if base_of.adapter is None or lora is None or self.world > 1:
-                raise ValueError(
-                    f"roles.{role}: a role on another role's base needs both to train LoRA adapters, in one process"
-                )
+            _check_shared_base(role, base_of, lora is not None and self.world == 1, placement)
+            assert base_of.adapter is not None
             source, self.tokenizer = base_of.adapter.base_path, base_of.tokenizer
             model = base_of.adapter.shared_base()
         else:

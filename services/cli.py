@@ -27,7 +27,7 @@ WorkflowOpt = Annotated[
 SharedOpt = Annotated[
     bool,
     typer.Option(
-        help="marsrl: one model and one trainer for every role; deep_research (local up): no sub-agent service, for jobs that host the sub-agent on the planner's base."
+        help="marsrl: one model and one trainer for every role; deep_research: the sub-agent hosted in the planner's service, its adapter on the planner's base (demo: with --lora; local up: no sub-agent service)."
     ),
 ]
 
@@ -362,7 +362,7 @@ def demo(
         typer.Option(
             min=0,
             max=256,
-            help="Train a LoRA adapter of this rank on each role's frozen warm start instead of all its weights (0: off); with --shared, each MarsRL role its own adapter on the one shared base.",
+            help="Train a LoRA adapter of this rank on each role's frozen warm start instead of all its weights (0: off); with --shared, each role its own adapter on the one shared base.",
         ),
     ] = 0,
 ) -> None:
@@ -373,7 +373,7 @@ def demo(
     wf = _workflow(workflow)
     if not wf.demo:
         raise fail(f"the {wf.name} workflow has no demo yet: run a job with `mgrpo train -c job.yaml`")
-    if shared and not wf.shares_root_model:
+    if shared and not (wf.shares_root_model or wf.hosts_callees):
         raise fail(f"--shared: the {wf.name} workflow trains each role with a model of its own")
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if unknown := set(tracking or ()) - set(TRACKERS):

@@ -31,6 +31,7 @@ from mgrpo.evaluation import PairedGain, paired_gain
 from mgrpo.tasks.deep_research import DeepResearchTask
 from mgrpo.workflows import JobSpec, get_workflow, job_spec
 from mgrpo.workflows.deep_research_warmstart import (
+    SHARED,
     WarmstartConfig,
     WarmstartResult,
     job_task,
@@ -42,7 +43,7 @@ from mgrpo.workflows.demo_baseline import (
     numerics_fingerprint,
 )
 from mgrpo.workflows.shipped import baseline, provenance
-from mgrpo.workflows.spec import Built
+from mgrpo.workflows.spec import Built, WarmStart
 from services.launcher import LocalCluster
 from services.progress import PhaseClock, phases, step_progress
 
@@ -50,11 +51,13 @@ HEADLINE = "heldout_stage2_T1"
 LABELS = {"before": "warm start", "after": "trained"}
 
 
-def warmstart_with_progress(job: JobSpec, cache_dir: Path, console: Console, config: Any = None) -> Built:
-    """The job's cached warm start (`config`: its warm start's config, default the job's) with its
-    progress: the SFT steps, then its evaluation's rollouts (each its own display, so that each rate
-    and ETA is of one kind of work)."""
-    ws = job.warm_start()
+def warmstart_with_progress(
+    job: JobSpec, cache_dir: Path, console: Console, config: Any = None, ws: WarmStart | None = None
+) -> Built:
+    """The job's cached warm start (`config`: its warm start's config, default the job's; `ws`:
+    another warm start of its workflow's) with its progress: the SFT steps, then its evaluation's
+    rollouts (each its own display, so that each rate and ETA is of one kind of work)."""
+    ws = ws or job.warm_start()
     config = ws.config(job) if config is None else config
     steps, evals = ws.steps(config), ws.eval_rollouts(config)
     with phases(console) as show:
@@ -129,6 +132,12 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     redis_url, cache_dir = options.redis_url, options.cache_dir
     eval_questions = eval_count(options)
     roles = {"planner": role_settings(options), "subagent": role_settings(options)}
+    if options.shared:  # the sub-agent hosted in the planner's service, its adapter on the planner's base
+        if not options.lora:
+            raise ValueError(
+                "--shared: the sub-agent trains an adapter of its own on the planner's base: add --lora 8"
+            )
+        roles["subagent"]["share_model_with"] = "planner"
     job = job_spec(
         JobConfig(
             steps=step_count(options),
@@ -139,13 +148,19 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
     )
     clock = PhaseClock(console)
     with clock.phase("warm start"):
-        warm = warmstart_with_progress(job, cache_dir, console)
+        warm = warmstart_with_progress(job, cache_dir, console, ws=SHARED if options.shared else None)
         describe_warm_start(job, warm, console)
     assert isinstance(warm, WarmstartResult)
-    cluster = LocalCluster(out, redis_url=redis_url, extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())})
+    cluster = LocalCluster(
+        out,
+        redis_url=redis_url,
+        extra_env={"MGRPO_CACHE_DIR": str(cache_dir.resolve())},
+        roles=job.trainer_roles,
+    )
     with clock.phase("services"):
         console.print(
-            f"[dim]Redis {redis_url if redis_url else '(embedded)'} and the three services; logs in {out}/logs[/]"
+            f"[dim]Redis {redis_url if redis_url else '(embedded)'}, the controller and the "
+            f"{' and '.join(job.trainer_roles)} services; logs in {out}/logs[/]"
         )
         cluster.start()
     try:

@@ -60,8 +60,9 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.ports[role]}"
 
     def checkpoint_dir(self, role: str) -> Path:
-        """The role's checkpoint volume (the API shows checkpoint paths relative to it)."""
-        return self.run_dir / "checkpoints" / role
+        """The role's checkpoint volume (the API shows checkpoint paths relative to it): its service's,
+        or the root's for a role without a service here (hosted in the root's, `services.hosted`)."""
+        return self.run_dir / "checkpoints" / (role if role in self.roles else self.roles[0])
 
     @property
     def tracking_dir(self) -> Path:

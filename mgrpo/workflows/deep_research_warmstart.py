@@ -353,11 +353,12 @@ def run_team_warmstart(
 @dataclass(frozen=True)
 class DeepResearchWarmStart:
     """The deep-research workflows' `WarmStart` (`mgrpo.workflows.spec`): `pair` (planner and
-    sub-agent), `single` (the single-agent baseline's one model) or `team` (planner, searcher,
-    comparer). Its config comes from the job's seed, world size, warm-start steps and the presets of
+    sub-agent), `single` (the single-agent baseline's one model), `team` (planner, searcher,
+    comparer) or `shared` (one model for planner and sub-agent: a job with a hosted sub-agent starts
+    its planner's base from it, whichever of these its workflow names). Its config comes from the job's seed, world size, warm-start steps and the presets of
     the workflow's root and first callee (in single_agent mode, of the workflow the job names)."""
 
-    kind: Literal["pair", "single", "team"]
+    kind: Literal["pair", "single", "team", "shared"]
     title: str = "warm start"
 
     def config(self, job: JobSpec) -> WarmstartConfig:
@@ -377,7 +378,7 @@ class DeepResearchWarmStart:
         return config.steps
 
     def eval_rollouts(self, config: WarmstartConfig) -> int:
-        return config.eval_rollouts() if self.kind == "pair" else 0
+        return config.eval_rollouts() if self.kind in ("pair", "shared") else 0
 
     def build(
         self,
@@ -392,19 +393,21 @@ class DeepResearchWarmStart:
             cache_dir,
             single_agent=self.kind == "single",
             team=self.kind == "team",
+            shared=self.kind == "shared",
             on_step=on_step,
             on_eval=on_eval,
         )
 
     def source(self, job: JobSpec, role: str, cache_dir: Path, *, stop: threading.Event | None = None) -> str:
-        if job.hosted_callees:  # the callees train adapters on the root's base: one model for all roles
+        if job.hosted_callees and self.kind != "shared":  # the callees train adapters on the root's base
+            return SHARED.source(job, role, cache_dir, stop=stop)
+        built = self.build(self.config(job), cache_dir, on_step=stop_check(stop))
+        if self.kind == "shared":
             if role != job.root:
                 raise ValueError(
                     f"roles.{role}: a hosted callee starts from the root's base, not a warm start of its own"
                 )
-            shared = cached_warmstart(self.config(job), cache_dir, shared=True, on_step=stop_check(stop))
-            return str(shared.planner_path)
-        built = self.build(self.config(job), cache_dir, on_step=stop_check(stop))
+            return str(built.planner_path)
         if self.kind == "single":
             return str(built.planner_path)
         if self.kind == "team":
@@ -439,3 +442,4 @@ class DeepResearchWarmStart:
 PAIR = DeepResearchWarmStart("pair")
 SINGLE = DeepResearchWarmStart("single")
 TEAM = DeepResearchWarmStart("team")
+SHARED = DeepResearchWarmStart("shared")  # one model for both roles: the base a hosted sub-agent shares

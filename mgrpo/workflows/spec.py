@@ -71,7 +71,10 @@ class WarmStart(Protocol):
     cache_dir)`: the folder of the role's starting model (built first if needed; given up on,
     `BuildStopped`, once `stop` is set)."""
 
-    title: str  # what its progress display says it is
+    @property
+    def title(self) -> str:
+        """What its progress display says it is."""
+        ...
 
     def config(self, job: JobSpec) -> Any: ...
 

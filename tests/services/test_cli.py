@@ -248,6 +248,8 @@ def test_unknown_role_and_bad_option(tmp_path):
     assert proc.returncode == 2 and "unknown workflow" in proc.stdout
     proc = mgrpo("demo", "--steps", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    proc = mgrpo("demo", "--shared", "--run-dir", str(tmp_path / "demo"))  # hosted sub-agent, no adapter
+    assert proc.returncode == 2 and "add --lora 8" in proc.stdout and "Traceback" not in proc.stderr
     proc = mgrpo("serve", "controller", "--ranks", "2")
     assert proc.returncode == 2 and "--ranks is for the trainer services" in proc.stdout
     for option, bad, says in (

@@ -26,7 +26,7 @@ from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store
 from shared_store.schemas import MetricsEvent
-from tests.services.checks import assert_accounted, stream_messages, supervised, wait_ledger
+from tests.services.checks import assert_accounted, final_checkpoint, stream_messages, supervised, wait_ledger
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -85,7 +85,7 @@ def test_a_subagent_hosted_on_the_planners_base_trains_and_resumes_after_kill(tm
     base = warm.planner_path
     adapters = {}
     for role in DEEP_RESEARCH.role_names:
-        ckpt = sorted((cluster.checkpoint_dir("planner") / job_id / role).glob("step-*"))[-1]  # one volume
+        ckpt = final_checkpoint(cluster, role, job_id)  # the sub-agent's on the planner's volume
         names = {p.name for p in ckpt.iterdir()}
         assert {
             "adapter_config.json",

@@ -19,6 +19,15 @@ from services.launcher import LocalCluster
 from shared_store import Store, keys
 from shared_store.schemas import WireModel, decode
 
+SHORT_JOB: dict[str, Any] = {  # a deep-research job of 3 short steps (its roles are each test's)
+    "steps": 3,
+    "prompts_per_step": 2,
+    "rollouts_per_query": 4,
+    "subagent_slots_per_rollout": 3,
+    "partner_timeout_s": 300,
+}
+LORA = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}
+
 
 def params_of(path: str | Path) -> dict[str, torch.nn.Parameter]:
     return dict(AutoModelForCausalLM.from_pretrained(str(path)).named_parameters())
@@ -39,6 +48,39 @@ def wait_ledger(store: Store, job_id: str, role: str, step: int, timeout_s: floa
     while store.ledger.last_step(job_id, role) < step:
         assert time.monotonic() < deadline, f"{role} never reached step {step}"
         time.sleep(0.1)
+
+
+def killed_and_finished(
+    cluster: LocalCluster,
+    store: Store,
+    job_id: str,
+    roles: tuple[str, ...],
+    *,
+    after: str,
+    kill: str,
+    headers: dict[str, str],
+) -> dict[str, Any]:
+    """SIGKILL the `kill` service once `after`'s first step is in the ledger (the cluster's supervisor
+    restarts it), then follow the job to its end: it succeeded and the service was restarted, every
+    step of each of `roles` is in the ledger exactly once and every queue is accounted. Returns the job."""
+    url = cluster.url("controller")
+    wait_ledger(store, job_id, after, 0)
+    first = cluster.procs[kill]
+    first.kill()
+    deadline = time.monotonic() + 600
+    while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=10).json())["status"] not in (
+        "succeeded",
+        "failed",
+        "cancelled",
+    ):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
+    assert job["status"] == "succeeded", job["reason"]
+    assert cluster.procs[kill] is not first, f"the {kill} service was never restarted"
+    marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
+    assert marks == sorted((r, s) for r in roles for s in range(job["config"]["steps"]))
+    assert_accounted(store, job_id, roles)
+    return dict(job)
 
 
 def assert_accounted(store: Store, job_id: str, roles: tuple[str, ...]) -> dict[str, dict[str, int]]:

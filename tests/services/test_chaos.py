@@ -20,7 +20,7 @@ from mgrpo.workflows import DEEP_RESEARCH, job_spec
 from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store
-from tests.services.checks import assert_accounted, supervised
+from tests.services.checks import SHORT_JOB, assert_accounted, supervised
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -28,11 +28,7 @@ TOKEN = "chaos-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
 TRIALS = 5
 JOB = {
-    "steps": 3,
-    "prompts_per_step": 2,
-    "rollouts_per_query": 4,
-    "subagent_slots_per_rollout": 3,
-    "partner_timeout_s": 300,
+    **SHORT_JOB,
     "roles": {"planner": {"optim": {"lr": 1e-3}}, "subagent": {"optim": {"lr": 1e-3}}},
 }
 

@@ -11,7 +11,6 @@ are their own (different weights), and the sub-agent's updates are its own metri
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -26,19 +25,21 @@ from mgrpo.workflows.deep_research_warmstart import cached_warmstart
 from services.launcher import LocalCluster
 from shared_store import Store
 from shared_store.schemas import MetricsEvent
-from tests.services.checks import assert_accounted, final_checkpoint, stream_messages, supervised, wait_ledger
+from tests.services.checks import (
+    LORA,
+    SHORT_JOB,
+    final_checkpoint,
+    killed_and_finished,
+    stream_messages,
+    supervised,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
 TOKEN = "hosted-token"
 H = {"Authorization": f"Bearer {TOKEN}"}
-LORA = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}
 JOB = {
-    "steps": 3,
-    "prompts_per_step": 2,
-    "rollouts_per_query": 4,
-    "subagent_slots_per_rollout": 3,
-    "partner_timeout_s": 300,
+    **SHORT_JOB,
     "roles": {
         "planner": {"optim": {"lr": 2e-3}, "lora": LORA},
         "subagent": {"optim": {"lr": 2e-3}, "lora": LORA, "share_model_with": "planner"},
@@ -58,22 +59,9 @@ def test_a_subagent_hosted_on_the_planners_base_trains_and_resumes_after_kill(tm
         r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
         assert r.status_code == 201, r.text
         job_id = r.json()["job_id"]
-        wait_ledger(store, job_id, "subagent", 0)
-        first = cluster.procs["planner"]
-        first.kill()  # SIGKILL: the planner and its hosted sub-agent; the supervisor restarts them
-        deadline = time.monotonic() + 600
-        while (job := httpx.get(f"{url}/v1/jobs/{job_id}", headers=H, timeout=10).json())["status"] not in (
-            "succeeded",
-            "failed",
-            "cancelled",
-        ):
-            assert time.monotonic() < deadline, job
-            time.sleep(0.5)
-        assert job["status"] == "succeeded", job["reason"]
-        assert cluster.procs["planner"] is not first, "the planner's trainer was never restarted"
-        marks = sorted((e.role, e.step) for e in store.ledger.entries(job_id))
-        assert marks == sorted((r, s) for r in DEEP_RESEARCH.role_names for s in range(JOB["steps"]))
-        assert_accounted(store, job_id, DEEP_RESEARCH.role_names)
+        killed_and_finished(
+            cluster, store, job_id, DEEP_RESEARCH.role_names, after="subagent", kill="planner", headers=H
+        )  # SIGKILL: the planner and its hosted sub-agent; the supervisor restarts it
         records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
         events = [
             e.message for e in stream_messages(store, job_id, "events", MetricsEvent) if e.kind == "event"

@@ -62,7 +62,8 @@ class LocalCluster:
     def checkpoint_dir(self, role: str) -> Path:
         """The role's checkpoint volume (the API shows checkpoint paths relative to it): its service's,
         or the root's for a role without a service here (hosted in the root's, `services.hosted`)."""
-        return self.run_dir / "checkpoints" / (role if role in self.roles else self.roles[0])
+        hosted = role not in self.roles and self.roles  # in the root's service
+        return self.run_dir / "checkpoints" / (self.roles[0] if hosted else role)
 
     @property
     def tracking_dir(self) -> Path:

@@ -11,7 +11,6 @@ import time
 from planner_trainer.delegate import PartnerError
 from shared_store import Store
 from shared_store.jobs import JobCancelled
-from shared_store.schemas import TERMINAL
 
 
 def wait_applied(
@@ -34,8 +33,7 @@ def wait_applied(
                 raise PartnerError(
                     f"the {role} trainer did not finish step {step} within {timeout_s:.0f} s; is the {role} service running?"
                 )
-            record = store.jobs.get(job_id)
-            if record.cancel_requested or record.status in TERMINAL:  # a cancel, or a partner failed it
+            if store.jobs.ended(job_id):  # a cancel, or a partner failed it
                 raise JobCancelled()
             if stop is not None and stop.wait(0.02):
                 return

@@ -62,8 +62,9 @@ class LocalCluster:
     def checkpoint_dir(self, role: str) -> Path:
         """The role's checkpoint volume (the API shows checkpoint paths relative to it): its service's,
         or the root's for a role without a service here (hosted in the root's, `services.hosted`)."""
-        hosted = role not in self.roles and self.roles  # in the root's service
-        return self.run_dir / "checkpoints" / (self.roles[0] if hosted else role)
+        if self.roles and role not in self.roles:  # hosted in the root's service
+            role = self.roles[0]
+        return self.run_dir / "checkpoints" / role
 
     @property
     def tracking_dir(self) -> Path:

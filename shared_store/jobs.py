@@ -235,6 +235,11 @@ class JobRegistry:
     def cancel_requested(self, job_id: str) -> bool:
         return self.r.hget(keys.job(job_id), "cancel_requested") == b"1"
 
+    def ended(self, job_id: str) -> bool:
+        """Whether the job's cancel was requested or it finished (one small read, for wait loops)."""
+        cancel, status = self.r.hmget(keys.job(job_id), ["cancel_requested", "status"])
+        return cancel == b"1" or (status is not None and as_str(status) in TERMINAL)
+
 
 class JobWatch:
     """Watches one job for the trainer running it: `ended` is set within `every_s` of its cancel being

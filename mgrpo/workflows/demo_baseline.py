@@ -4,22 +4,27 @@ and the key that names one such evaluation (`baseline_key`), under which the shi
 outcomes are stored so that the demo evaluates only what it trained.
 
 The key covers this processor's numerics (`numerics_fingerprint`): the seeded draws give the same
-outcomes only where the models' logits are the same bit for bit, and MKL picks its code path by
-processor (`mgrpo.reproducibility`). Measured 2026-12-06: the baseline shipped from one AMD EPYC
-agreed on 1,531 of 1,600 questions with an evaluation on another (family 25 model 1, AVX2 only),
-0.164 against 0.147. A machine whose fingerprint has no shipped baseline evaluates the warm start
-itself; `mgrpo warmstart --ship-baseline` adds its own."""
+outcomes only where the models and the engine's sampler compute the same floats bit for bit, and
+MKL picks its code path by processor (`mgrpo.reproducibility`). Measured: an AMD EPYC family 25
+model 1 (AVX2 only) agreed with a family 25 model 17 (AVX-512) on 1,531 of 1,600 questions, 0.147
+against 0.164, while their logits on the fingerprint's shapes were the same; hence the fingerprint
+also hashes what the engine samples. A machine whose fingerprint has no shipped baseline evaluates
+the warm start itself; `mgrpo warmstart --ship-baseline` adds its own."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mgrpo.engines.base import Sample, SamplingParams
+from mgrpo.engines.hf import HFEngine
 from mgrpo.models import load
 from mgrpo.reproducibility import RECIPE_VERSIONS
 from mgrpo.tasks.deep_research import DeepResearchTask
@@ -71,9 +76,13 @@ def evaluate_heldout(
 
 @torch.no_grad()
 def numerics_fingerprint(system: tuple[Path, Path]) -> str:
-    """12 hex digits over the logits, bit for bit, of a saved (planner, sub-agent) pair on fixed
-    token ids, in the shapes an evaluation runs (one row, a batch, long and one-token rows): equal
-    on two processors only where their numerics give these models the same floats."""
+    """12 hex digits over what a saved (planner, sub-agent) pair computes, bit for bit, on fixed token
+    ids: its logits in the shapes an evaluation runs (one row, a batch, long and one-token rows), and
+    the token ids and log-probs the evaluation's own engine samples from it with fixed seeds (its
+    one-thread prefill, its static-cache decoding, its sampler), one row at a time and batched.
+    Equal on two processors only where their numerics give these models the same floats. The logits
+    alone were not enough: an AMD EPYC family 25 model 17 gave the same logits as a family 25 model 1
+    and yet sampled other tokens on 69 of the demo's 1,600 questions (measured 2026-12-07)."""
     digest = hashlib.sha256()
     for path in system:
         model, tok = load(path)
@@ -81,4 +90,25 @@ def numerics_fingerprint(system: tuple[Path, Path]) -> str:
         for rows, length in ((1, 48), (8, 48), (32, 1), (64, 12)):
             ids = torch.randint(0, len(tok), (rows, length), generator=gen)
             digest.update(model(input_ids=ids).logits.float().numpy().tobytes())
+        prompts = [
+            torch.randint(0, len(tok), (n,), generator=gen).tolist() for n in (2, 5, 9, 17, 33, 48, 64)
+        ]
+        for sample in _engine_samples(model, tok, prompts):
+            digest.update(struct.pack(f"{len(sample.token_ids)}q", *sample.token_ids))
+            digest.update(struct.pack(f"{len(sample.logprobs)}d", *sample.logprobs))
     return digest.hexdigest()[:12]
+
+
+def _engine_samples(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> list[Sample]:
+    """What the evaluation's engine samples from `model` at T = 1 with fixed seeds: each prompt alone,
+    then all of them in one batch."""
+    engine = HFEngine(model, tok)
+    try:
+        alone = [
+            engine.generate([p], SamplingParams(max_new_tokens=32, seed=i))[0] for i, p in enumerate(prompts)
+        ]
+        return alone + engine.generate(prompts, SamplingParams(max_new_tokens=32, seed=len(prompts)))
+    finally:
+        engine.close()

@@ -153,6 +153,19 @@ def test_the_numerics_fingerprint_sees_one_changed_bit(tmp_path):
     assert numerics_fingerprint(pair) != first
 
 
+def test_the_numerics_fingerprint_sees_how_the_engine_samples(monkeypatch):
+    """Same weights, same logits, another decoding path (the engine without its static cache, as a
+    processor whose sampler rounds otherwise): another fingerprint. Logits alone were the same on two
+    AMD EPYCs whose evaluations differed on 69 of 1,600 questions."""
+    from mgrpo.workflows.demo_baseline import numerics_fingerprint
+
+    _, _, folder, _ = _demo_baseline()
+    pair = (folder / "planner", folder / "subagent")
+    first = numerics_fingerprint(pair)
+    monkeypatch.setenv("MGRPO_HF_STATIC_CACHE", "0")
+    assert numerics_fingerprint(pair) != first
+
+
 def test_another_evaluation_has_no_baseline_and_a_changed_one_is_an_error(tmp_path):
     from mgrpo.workflows.demo_baseline import baseline_key, numerics_fingerprint
 

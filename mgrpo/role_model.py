@@ -112,18 +112,13 @@ def _check_lora_placement(role: str, placement: Placement, world: int) -> None:
         )
 
 
-def _check_shared_base(role: str, base_of: RoleModel, own_adapter_here: bool, placement: Placement) -> None:
+def _check_shared_base(role: str, base_of: RoleModel, own_adapter_here: bool) -> None:
     """A role on another role's base trains an adapter of its own in that role's process, rolling out
-    in it (`own_adapter_here`: it has a lora and runs in one process)."""
+    in it (`own_adapter_here`: it has a lora and runs in one process) or on its rollout servers (each
+    role's adapters under names of its own, `mgrpo.engines.sglang`)."""
     if base_of.adapter is None or not own_adapter_here:
         raise ValueError(
             f"roles.{role}: a role on another role's base needs both to train LoRA adapters, in one process"
-        )
-    if placement.sglang_url:  # SGLang names a loaded adapter by policy version only
-        raise ValueError(
-            f"roles.{role}: a role on {base_of.role}'s base would load its adapters on {base_of.role}'s "
-            "rollout servers under the same names (one per policy version): start this trainer without "
-            f"MGRPO_SGLANG_URL, or give {role} a trainer of its own (drop share_model_with)"
         )
 
 
@@ -167,7 +162,7 @@ class RoleModel:
         if lora is not None:
             _check_lora_placement(role, placement, self.world)
         if base_of is not None:  # the other role's base, shared
-            _check_shared_base(role, base_of, lora is not None and self.world == 1, placement)
+            _check_shared_base(role, base_of, lora is not None and self.world == 1)
             assert base_of.adapter is not None
             source, self.tokenizer = base_of.adapter.base_path, base_of.tokenizer
             model = base_of.adapter.shared_base()
@@ -233,6 +228,8 @@ class RoleModel:
             own_weights=job.cfg.max_staleness > 0,
             version=self.version,
             sync_host=placement.sglang_sync_host,
+            role=role,
+            load_base=base_of is None,  # the base role loaded it onto the servers both roll out on
         )
         if resume and self.adapter is not None and _loads_adapters(self.engine):
             self.engine.load_adapter(str(resume.path), self.version)  # the servers hold the base: add it

@@ -81,24 +81,37 @@ def rollout_engine(
     own_weights: bool = False,
     version: int = 0,
     sync_host: str = "",
+    role: str = "",
+    load_base: bool = True,
 ) -> RolloutEngine:
     """The trainer's rollout engine: the in-process `hf` engine on the trainer's model (`own_weights`:
     on its own copy, swapped at each push), or, with `sglang_url`, that SGLang server (several,
     comma-separated: its replicas, `mgrpo.engines.replicas`), first loaded with `weights` (a folder
     the servers can read) as policy `version`; with `sync_host`, the servers take `model` itself and
-    every later policy by broadcast from that address (`mgrpo.engines.sglang`)."""
+    every later policy by broadcast from that address (`mgrpo.engines.sglang`). `role`: whose LoRA
+    adapters the servers get (named `mgrpo-<role>-v<N>`); `load_base` False: another role on the same
+    base already loaded it onto these servers (roles sharing a base share their servers)."""
     if not sglang_url:
         return HFEngine(model, tokenizer, max_batch=max_batch, own_weights=own_weights, version=version)
     urls = [u.strip() for u in sglang_url.split(",") if u.strip()]
     sync: WeightSync = "distributed" if sync_host else "disk"
     servers = [
-        SGLangEngine(u, eos_token_id=tokenizer.eos_token_id, weight_sync=sync, sync_host=sync_host)
+        SGLangEngine(
+            u,
+            eos_token_id=tokenizer.eos_token_id,
+            weight_sync=sync,
+            sync_host=sync_host,
+            adapter_family=f"mgrpo-{role}" if role else "mgrpo",
+        )
         for u in urls
     ]
+    for server in servers:
+        server.weights_version = version
     engine = servers[0] if len(servers) == 1 else ReplicatedEngine(servers)
-    if sync_host:
+    engine.weights_version = version
+    if load_base and sync_host:
         engine.push_weights(model, version)
-    else:
+    elif load_base:
         engine.update_weights(weights, version)
     return engine
 

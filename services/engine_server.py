@@ -13,9 +13,10 @@ run on (CPUs):
   policy sent in several buckets is swapped in once all its parameters came.
 - `POST /load_lora_adapter` `{"lora_name", "lora_path"}` (a peft adapter folder on a base this server
   serves) and `POST /unload_lora_adapter` `{"lora_name"}`: SGLang's LoRA API, as a LoRA role's trainer
-  sends it (`mgrpo.lora`): only the adapter travels. The server keeps the base's adapted tensors and
-  serves base + the newest adapter, merged in and swapped in between two decode steps (the adapter's
-  version is the `-v<N>` its name ends with); a `/generate` naming an adapter (`lora_path`) that is not
+  sends it (`mgrpo.lora`): only the adapter travels. A `/generate` names a loaded adapter per prompt
+  (`lora_path`) or none (the base); each role's adapters sample from a copy of the base with its
+  newest adapter merged in (`services.engine_adapters`), so roles on one base share the server. An
+  adapter's version is the `-v<N>` its name ends with; a `/generate` naming an adapter that is not
   loaded is a 400, and each result says which adapter version sampled it (`meta_info.lora_version`).
   A full-weights update drops the adapters.
 - `GET /get_server_info`, `GET /health`.
@@ -31,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Literal, cast
 
 import torch
@@ -42,10 +43,10 @@ from transformers import PreTrainedModel
 
 from mgrpo.engines.base import Sample, SamplingParams
 from mgrpo.engines.hf import HFEngine
-from mgrpo.engines.sglang import adapter_version, weight_version
-from mgrpo.lora import adapter_deltas
+from mgrpo.engines.sglang import weight_version
 from mgrpo.models import load
 from mgrpo.parallel.weight_group import broadcast_tensors, open_weight_group, unflatten_bytes
+from services.engine_adapters import ServedAdapters
 
 OnRequest = Callable[[str, Any], None]  # (endpoint, what it got): an observer, e.g. for tests
 
@@ -137,8 +138,9 @@ class EngineServer:
         self.note: OnRequest = on_request or (lambda endpoint, got: None)
         self.groups: dict[str, Any] = {}
         self.arrived: set[str] = set()  # the staged tensors of a bucketed push not swapped in yet
-        self.adapters: dict[str, int] = {}  # loaded LoRA adapters: name → the version it was served as
-        self.base: dict[str, torch.Tensor] = {}  # the base's tensors that an adapter has been merged into
+        self.adapters = ServedAdapters(
+            engine
+        )  # the loaded LoRA adapters, each role's on an engine of its own
 
     async def generate(self, req: GenerateRequest) -> Any:
         ids = req.input_ids
@@ -166,14 +168,16 @@ class EngineServer:
             raise HTTPException(
                 422, f"lora_path: {len(names)} for {len(prompts)} prompts; send one, or one per prompt"
             )
-        if unknown := sorted({n for n in names if n is not None and n not in self.adapters}):
+        if unknown := sorted({n for n in names if n is not None and n not in self.adapters.loaded}):
             raise HTTPException(
                 400, f"lora_path: adapter {unknown[0]!r} is not loaded; POST /load_lora_adapter first"
             )
         self.note("generate", len(prompts))
         if any(n is not None for n in names):
             self.note("generate_lora", names)
-        futures = [self.engine.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        futures = [
+            self.adapters.engine_for(n).submit(p, sp) for p, sp, n in zip(prompts, params, names, strict=True)
+        ]
         samples = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         out = [_result(s, len(p)) for s, p in zip(samples, prompts, strict=True)]
         for o, s, name in zip(out, samples, names, strict=True):
@@ -182,52 +186,26 @@ class EngineServer:
         return out[0] if single else out
 
     def load_lora(self, req: LoraLoad) -> dict[str, Any]:
-        """Merge an adapter into the base and serve it (module docstring)."""
+        """Serve an adapter folder under its name (`services.engine_adapters`)."""
         self.note("load_lora", req.lora_name)
         try:
-            deltas = adapter_deltas(req.lora_path)
+            version = self.adapters.load(req.lora_name, req.lora_path)
         except ValueError as exc:
             return {"success": False, "error_message": str(exc)}
-        engine = self.engine
-        target = engine.model if self.staging is None else self.staging
-        params = dict(target.named_parameters())
-        if missing := [n for n in deltas if n not in params or params[n].shape != deltas[n].shape]:
-            return {
-                "success": False,
-                "error_message": f"the adapter at {req.lora_path} adapts {missing[:3]}, which this server's "
-                "model does not have in that shape: was it trained on the base this server serves?",
-            }
-        version = adapter_version(req.lora_name, engine.weights_version + 1)
-        with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
-            for name in deltas:
-                self.base.setdefault(name, params[name].detach().clone())  # never merged into before
-            for name, base in self.base.items():
-                delta = deltas.get(name)
-                params[name].copy_(base if delta is None else base + delta.to(base.device, base.dtype))
-        if self.staging is None:
-            engine.weights_version = version
-        else:
-            engine.push_weights(self.staging, version)
-        self.adapters[req.lora_name] = version
         return {"success": True, "message": f"adapter {req.lora_name} served as weights version {version}"}
 
     def unload_lora(self, req: LoraUnload) -> dict[str, Any]:
         self.note("unload_lora", req.lora_name)
-        if self.adapters.pop(req.lora_name, None) is None:
+        if not self.adapters.unload(req.lora_name):
             return {"success": False, "error_message": f"no adapter {req.lora_name!r} is loaded"}
         return {"success": True, "message": f"unloaded {req.lora_name}"}
-
-    def _full_update(self) -> None:
-        """New full weights: the adapters were merged into the old ones."""
-        self.adapters.clear()
-        self.base.clear()
 
     def update_from_disk(self, req: DiskUpdate) -> dict[str, Any]:
         self.note("update", req.model_path)
         try:
             version = weight_version(req.weight_version, self.engine.weights_version + 1)
             self.engine.update_weights(req.model_path, version)
-            self._full_update()
+            self.adapters.drop()
         except (ValueError, OSError) as exc:
             return {"success": False, "message": str(exc)}
         return {"success": True, "message": f"loaded {req.model_path}"}
@@ -280,7 +258,7 @@ class EngineServer:
         if missing:
             return {"success": False, "message": f"unknown parameters {missing[:3]}: is it the same model?"}
         version = weight_version(req.weight_version, engine.weights_version + 1)
-        self._full_update()
+        self.adapters.drop()
         with engine.paused() if self.staging is None else nullcontext(), torch.no_grad():
             torch._foreach_copy_([params[n] for n in req.names], received)
         if self.staging is None:  # taken in place, while paused
@@ -313,7 +291,14 @@ def make_app(
     engine sharing its model's weights takes them in place while paused. `model_path`: what
     `/get_server_info` names; `on_request(endpoint, what)` observes every request."""
     server = EngineServer(engine, staging, on_request)
-    app = FastAPI(title="mgrpo engine", description=__doc__)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        server.adapters.drop()  # the adapters' engines; the caller closes `engine`
+
+    app = FastAPI(title="mgrpo engine", description=__doc__, lifespan=lifespan)
+    app.state.server = server
 
     @app.get("/health")
     def health() -> dict[str, str]:

@@ -136,6 +136,12 @@ class HFEngine:
         with self._swap_lock:
             self._pending = (target, version)
 
+    @property
+    def newest(self) -> PreTrainedModel:
+        """The weights rows admitted from now on start on: the newest pushed, else the current."""
+        with self._swap_lock:
+            return self._pending[0] if self._pending else self.model
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
         futures = [self.submit(p, params) for p in prompts]
         return [f.result() for f in futures]

@@ -14,12 +14,14 @@
   each. `weight_bucket_mb` (default `MGRPO_SGLANG_WEIGHT_BUCKET_MB`, 512) 0 sends one tensor per
   broadcast, for SGLang releases before it.
 - A LoRA role (`mgrpo.lora`) sends its adapter, not its weights: `load_adapter(folder, version)` is
-  SGLang's `POST /load_lora_adapter` `{"lora_name": "mgrpo-v<version>", "lora_path": folder}` (a peft
-  adapter folder the server can read; the server started with `--enable-lora`), and every later
-  `/generate` names it (`lora_path`, SGLang's field for the adapter's name); the adapter before the
-  previous one is unloaded (`/unload_lora_adapter`), so rows still running on the previous one finish.
-  A sample's version is the named adapter's (or the server's `meta_info.lora_version` where it says,
-  as `mgrpo engine` does).
+  SGLang's `POST /load_lora_adapter` `{"lora_name": "mgrpo-<role>-v<version>", "lora_path": folder}`
+  (a peft adapter folder the server can read; the server started with `--enable-lora`), and every
+  later `/generate` names it (`lora_path`, SGLang's field for the adapter's name); the adapter before
+  the previous one is unloaded (`/unload_lora_adapter`), so rows still running on the previous one
+  finish. A sample's version is the named adapter's (or the server's `meta_info.lora_version` where
+  it says, as `mgrpo engine` does). The role in the name lets roles on one base (`share_model_with`)
+  share the servers: each role's requests name its own adapters, and a role whose servers another
+  role loaded the base onto (`load_base=False` in `mgrpo.runtime.rollout_engine`) never reloads it.
 - Concurrent `generate` calls (an agent loop's episodes, each on its own thread) are sent together:
   calls that arrive within `coalesce_ms` of the first go as one `/generate` batch with one sampling
   dict per prompt, so a step's 64 rollouts cost one request, not 64 that reach the server's batch one
@@ -93,10 +95,14 @@ class SGLangEngine:
         sync_host: str = "",
         coalesce_ms: float = 5.0,
         weight_bucket_mb: float | None = None,
+        adapter_family: str = "mgrpo",
     ) -> None:
         """`weight_sync`, `sync_host`, `coalesce_ms`, `weight_bucket_mb`: see the module docstring
-        (`sync_host` '' = this host's address by its name, which the server must reach)."""
+        (`sync_host` '' = this host's address by its name, which the server must reach).
+        `adapter_family`: what a LoRA role's adapters are named by before their version
+        (`adapter_name`; `mgrpo-<role>` for a role's trainer)."""
         self.base_url = base_url.rstrip("/")
+        self.adapter_family = adapter_family
         self.eos_token_id = eos_token_id
         self.weights_version = 0  # the policy version last loaded with update_weights
         self.weight_sync = weight_sync
@@ -228,7 +234,7 @@ class SGLangEngine:
     def load_adapter(self, path: str, version: int) -> None:
         """Load a LoRA role's adapter folder (the server can read it) as policy `version`: later
         requests name it (module docstring)."""
-        name = adapter_name(version)
+        name = adapter_name(self.adapter_family, version)
         out = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
         if isinstance(out, dict) and out.get("success") is False:
             raise SGLangError(
@@ -327,15 +333,22 @@ class SGLangEngine:
         self._client.close()
 
 
-def adapter_name(version: int) -> str:
-    """The name policy `version`'s LoRA adapter is loaded under on a rollout server."""
-    return f"mgrpo-v{version}"
+def adapter_name(family: str, version: int) -> str:
+    """The name policy `version`'s LoRA adapter of `family` (`mgrpo-<role>`) is loaded under on a
+    rollout server."""
+    return f"{family}-v{version}"
 
 
 def adapter_version(name: str, default: int) -> int:
     """The policy version an adapter's name says (`adapter_name`), else `default`."""
     found = re.fullmatch(r".*-v(\d+)", name)
     return int(found.group(1)) if found else default
+
+
+def adapter_family(name: str) -> str:
+    """Whose adapter a name is (`adapter_name`): the name without its `-v<N>`."""
+    found = re.fullmatch(r"(.*)-v\d+", name)
+    return found.group(1) if found else name
 
 
 def weight_version(given: object, default: int) -> int:

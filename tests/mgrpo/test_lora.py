@@ -251,16 +251,6 @@ def test_two_roles_on_one_base_each_train_their_own_adapter(folder, tmp_path):
         head = RoleModel(job, "verifier", placement=placement, job_id="j", last_step=last_step, base_of=root)
         return root, head
 
-    with pytest.raises(ValueError, match="without MGRPO_SGLANG_URL"):  # one adapter name per version there
-        RoleModel(
-            job,
-            "verifier",
-            placement=Placement(cache_dir=tmp_path, checkpoint_dir=tmp_path, sglang_url="http://127.0.0.1:9"),
-            job_id="j",
-            last_step=-1,
-            base_of=RoleModel(job, "solver", placement=placement, job_id="j", last_step=-1),
-        )
-
     def adapters(m):
         return {n: p.detach().clone() for n, p in m.adapter.peft.named_parameters() if ".lora_" in n}
 

@@ -268,8 +268,8 @@ def test_a_lora_role_sends_its_servers_adapter_folders_only(tokenizer, tmp_path)
         finally:
             m.close()
     assert standin.calls["update"] == [str(base)]  # the base, once; after that adapters only
-    assert standin.calls["load_lora"] == ["mgrpo-v1", "mgrpo-v2"]
-    assert standin.calls["generate_lora"][-1] == ["mgrpo-v2", "mgrpo-v2"]
+    assert standin.calls["load_lora"] == ["mgrpo-planner-v1", "mgrpo-planner-v2"]
+    assert standin.calls["generate_lora"][-1] == ["mgrpo-planner-v2", "mgrpo-planner-v2"]
 
     engine, staging = served_engine(base)  # a new server, the trainer restarted after step 1
     standin = StandIn(engine, staging=staging)
@@ -279,47 +279,102 @@ def test_a_lora_role_sends_its_servers_adapter_folders_only(tokenizer, tmp_path)
             assert_samples_from_adapter(resumed, 2)
         finally:
             resumed.close()
-    assert standin.calls["load_lora"] == ["mgrpo-v2"]
+    assert standin.calls["load_lora"] == ["mgrpo-planner-v2"]
 
 
-def test_the_server_merges_each_adapter_into_the_base_it_kept(tokenizer, tmp_path):
-    """Two adapters on different layers in turn: each is served as base + that adapter only (equal to
-    peft's own merge), an unknown adapter name is a 400 and a folder that is no adapter a refusal."""
+def adapter_folder(base, folder, targets, seed):
+    """A peft LoRA adapter on `base` with nonzero lora_B (so it changes what the base samples)."""
     from peft import LoraConfig, get_peft_model
 
     from mgrpo.models import load
 
+    torch.manual_seed(seed)
+    peft = get_peft_model(load(base)[0], LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    peft.peft_config["default"].base_model_name_or_path = str(base)
+    peft.save_pretrained(folder)
+    return folder
+
+
+def test_the_server_serves_each_roles_adapter_on_the_base_it_kept(tokenizer, tmp_path):
+    """Adapters of two roles (families) and a newer one of the first on other layers: each request
+    samples from base + the adapter it names (equal to peft's own merge), one naming none from the
+    base; an unknown adapter name is a 400 and a folder that is no adapter a refusal."""
+    from mgrpo.models import load
+
     base = save(build_model("tiny", tokenizer, seed=0), tokenizer, tmp_path / "base")
-    folders = {}
-    for name, targets in (("a-v1", ["q_proj"]), ("b-v2", ["down_proj"])):
-        torch.manual_seed(len(folders))
-        peft = get_peft_model(load(base)[0], LoraConfig(r=4, lora_alpha=8, target_modules=targets))
-        with torch.no_grad():
-            for n, p in peft.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.1)
-        peft.peft_config["default"].base_model_name_or_path = str(base)
-        peft.save_pretrained(tmp_path / name)
-        folders[name] = tmp_path / name
+    folders = {
+        name: adapter_folder(base, tmp_path / name, targets, seed)
+        for seed, (name, targets) in enumerate(
+            (("mgrpo-a-v1", ["q_proj"]), ("mgrpo-b-v1", ["down_proj"]), ("mgrpo-a-v2", ["down_proj"]))
+        )
+    }
     engine, staging = served_engine(base)
-    ids = torch.tensor([[5, 6, 7, 8]])
+    prompt = [5, 6, 7, 8]
     try:
-        with TestClient(make_app(engine, staging=staging)) as c:
+        with TestClient(app := make_app(engine, staging=staging)) as c:
             for name, folder in folders.items():
                 r = c.post("/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder)})
                 assert r.json()["success"], r.json()
-                r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": name, "return_logprob": True})
-                assert r.status_code == 200 and r.json()["meta_info"]["lora_version"] == name[-1]
-                with torch.no_grad():
-                    served = engine.model(input_ids=ids).logits
-                    merged = load(folder)[0](input_ids=ids).logits
-                assert torch.allclose(served, merged, atol=1e-5, rtol=0), name
-            r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": "nope"})
+            names = ["mgrpo-a-v2", "mgrpo-b-v1", None]
+            body = {"input_ids": [prompt] * 3, "lora_path": names, "return_logprob": True}
+            body["sampling_params"] = {"max_new_tokens": 5, "sampling_seed": 3}
+            out = c.post("/generate", json=body).json()
+            assert [o["meta_info"].get("lora_version") for o in out] == ["2", "1", None]
+            samples = [SGLangEngine("http://x")._sample(o, SamplingParams(), 0) for o in out]
+            with torch.no_grad():
+                for name, sample in zip(names, samples, strict=True):
+                    assert_logprobs(load(folders[name] if name else base)[0], [prompt], [sample])
+            server = app.state.server
+            assert server.adapters.engine_for(None) is engine and len(server.adapters.engines) == 2
+            r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": "nope-v1"})
             assert r.status_code == 400 and "/load_lora_adapter" in r.json()["detail"]
             r = c.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": str(base)})
             assert not r.json()["success"] and "not a peft adapter folder" in r.json()["error_message"]
-            assert c.post("/unload_lora_adapter", json={"lora_name": "a-v1"}).json()["success"]
-            r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": "a-v1"})
+            assert c.post("/unload_lora_adapter", json={"lora_name": "mgrpo-a-v1"}).json()["success"]
+            r = c.post("/generate", json={"input_ids": [1, 2], "lora_path": "mgrpo-a-v1"})
             assert r.status_code == 400
     finally:
         engine.close()
+
+
+def test_two_roles_on_one_base_share_a_server_each_with_its_own_adapters(tokenizer, tmp_path):
+    """A hosted sub-agent on the planner's base, both LoRA roles rolling out on one `mgrpo engine`:
+    the base goes to the server once (by the planner), each role's adapters under its own names, and
+    each role samples from the base + its own trained adapter."""
+    from mgrpo.config import JobConfig
+    from mgrpo.role_model import RoleModel
+    from mgrpo.runtime import Placement
+    from mgrpo.workflows import job_spec
+    from tests.mgrpo.test_role_model import samples_of
+
+    base = save(build_model("tiny", tokenizer, seed=0), tokenizer, tmp_path / "base")
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    roles = {
+        "planner": {"model": {"path": str(base)}, "lora": lora, "optim": {"lr": 1e-2}},
+        "subagent": {"share_model_with": "planner", "lora": lora, "optim": {"lr": 1e-2}},
+    }
+    job = job_spec(JobConfig(roles=roles))
+    engine, staging = served_engine(base)
+    standin = StandIn(engine, staging=staging)
+    with standin as url:
+        placement = Placement(cache_dir=tmp_path, checkpoint_dir=tmp_path, sglang_url=url)
+        root = RoleModel(job, "planner", placement=placement, job_id="j", last_step=-1)
+        head = RoleModel(job, "subagent", placement=placement, job_id="j", last_step=-1, base_of=root)
+        try:
+            for step in range(2):
+                for m in (root, head):
+                    m.update(samples_of(m, [step, step + 1]), seed=step)
+                    m.save(step)
+            for m in (root, head):
+                assert_samples_from_adapter(m, 2)
+        finally:
+            head.close()
+            root.close()
+    assert standin.calls["update"] == [str(base)]  # the base once, by the planner
+    assert standin.calls["load_lora"] == [
+        f"mgrpo-{role}-v{v}" for v in (1, 2) for role in ("planner", "subagent")
+    ]

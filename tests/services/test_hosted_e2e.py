@@ -33,6 +33,7 @@ from tests.services.checks import (
     stream_messages,
     supervised,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
@@ -104,3 +105,49 @@ def test_a_subagent_hosted_on_the_planners_base_trains_and_resumes_after_kill(tm
     assert max(grads) > 0, f"the hosted sub-agent's updates had no gradient: {grads}"
     b = [v for k, v in subagent.items() if "lora_B" in k]  # zero at the start: moved only by its updates
     assert b and all(v.abs().sum() > 0 for v in b), "the hosted sub-agent's adapter never moved"
+
+
+def test_the_hosted_subagent_rolls_out_on_the_planners_sglang_server(tmp_path):
+    """Roles on one base share their rollout servers: the planner's trainer with MGRPO_SGLANG_URL, its
+    hosted sub-agent on the same server. The server loads the base once (the planner's start-up) and
+    takes each role's adapters under names of its own, and both roles' rollouts name their own. The
+    server is a stand-in speaking SGLang's JSON (`mgrpo engine`'s app in a thread), since CI has no GPU
+    to run SGLang on."""
+    from mgrpo.engines.hf import HFEngine
+    from mgrpo.models import load
+    from tests.mgrpo.sglang_standin import StandIn
+
+    warm = cached_warmstart(job_spec(JobConfig.model_validate(JOB)).warmstart_config(), CACHE, shared=True)
+    model, tokenizer = load(warm.planner_path)
+    engine = HFEngine(model, tokenizer, own_weights=True)
+    server = StandIn(engine, staging=model)
+    with server as sglang:
+        cluster = LocalCluster(
+            tmp_path,
+            api_token=TOKEN,
+            roles=("planner",),
+            extra_env={"MGRPO_CACHE_DIR": str(CACHE)},
+            role_env={"planner": {"MGRPO_SGLANG_URL": sglang}},
+        )
+        with cluster:
+            url = cluster.url("controller")
+            r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
+            assert r.status_code == 201, r.text
+            job_url = f"{url}/v1/jobs/{r.json()['job_id']}"
+
+            def job() -> dict:
+                return dict(httpx.get(job_url, headers=H, timeout=10).json())
+
+            wait_for(
+                lambda: job()["status"] in ("succeeded", "failed", "cancelled"), "the job ends", 600, 0.5
+            )
+            assert job()["status"] == "succeeded", job()["reason"]
+    engine.close()
+    calls = server.calls
+    assert calls["update"] == [str(warm.planner_path)]  # the base, once
+    steps = range(1, JOB["steps"] + 1)
+    assert sorted(calls["load_lora"]) == sorted(
+        f"mgrpo-{r}-v{v}" for r in ("planner", "subagent") for v in steps
+    )
+    named = {n.rsplit("-v", 1)[0] for batch in calls.get("generate_lora", []) for n in batch}
+    assert named == {"mgrpo-planner", "mgrpo-subagent"}, named

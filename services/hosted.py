@@ -17,7 +17,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mgrpo import tracing
 from mgrpo.agents.agents import Delegation
 from mgrpo.workflows import JobSpec
 from planner_trainer.root import RootJob
@@ -40,18 +39,9 @@ class HostedCallee:
 
     def episode(self, body: dict[str, Any]) -> Delegation:
         """One delegation, run and recorded as the role's service would (`POST /v1/episodes`)."""
-        with tracing.span(
-            "episode",
-            job_id=self.job_id,
-            step=body["step"],
-            role=self.role,
-            query_id=body["query_id"],
-            rollout=body["rollout"],
-            policy_version=self.callee.version,
-        ):
-            meta, store_s = self.callee.run_episode(
-                body["step"], body["query_id"], body["rollout"], body["call"], body["subtask"]
-            )
+        meta, store_s = self.callee.run_episode(
+            body["step"], body["query_id"], body["rollout"], body["call"], body["subtask"]
+        )
         return Delegation(body["subtask"], meta.result, meta.episode_id, store_s, 0.0, self.role)
 
     def _train(self) -> None:

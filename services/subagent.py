@@ -72,18 +72,15 @@ def run_episode(body: EpisodeRequest, job: JobDep, request: Request, response: R
         )
     scope = call_scope(body.call, body.subtask)  # the capability opens this one call
     job.store.capabilities.check(body.capability, body.job_id, body.step, body.query_id, body.rollout, scope)
-    with tracing.span(
-        "episode",
+    meta, store_s = job.run_episode(
+        body.step,
+        body.query_id,
+        body.rollout,
+        body.call,
+        body.subtask,
         kind="server",
         parent=tracing.extract(request.headers),  # the root's delegation: one trace per rollout
-        job_id=body.job_id,
-        step=body.step,
-        role=job.role,
-        query_id=body.query_id,
-        rollout=body.rollout,
-        policy_version=job.version,
-    ):
-        meta, store_s = job.run_episode(body.step, body.query_id, body.rollout, body.call, body.subtask)
+    )
     total_ms = (time.perf_counter() - t0) * 1e3
     response.headers["Server-Timing"] = (
         f"episode;dur={total_ms:.3f}, store;dur={store_s * 1e3:.3f}, queued;dur={queued_ms:.3f}"

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from opentelemetry.context import Context
 
+from mgrpo import tracing
 from mgrpo.advantages import advantage_stats, assign_advantages
 from mgrpo.agents.agents import AgentLimits, SubAgent, TurnAgent
 from mgrpo.agents.chat import (
@@ -114,11 +116,36 @@ class CalleeJob:
         raise NotImplementedError
 
     def run_episode(
-        self, step: int, query_id: str, rollout: int, call: int, subtask: str
+        self,
+        step: int,
+        query_id: str,
+        rollout: int,
+        call: int,
+        subtask: str,
+        *,
+        parent: Context | None = None,
+        kind: str = "internal",
     ) -> tuple[EpisodeMeta, float]:
         """Run one delegated input with the current policy and record it (arrays + meta) in Redis, once
         per episode id: a replayed request (a retry, a restarted root) gets the recorded episode back.
-        Returns the episode's metadata and the seconds the Redis work took."""
+        Returns the episode's metadata and the seconds the Redis work took. Traced as an `episode`
+        span, a child of `parent` (the root's delegation: one trace per rollout) where given."""
+        with tracing.span(
+            "episode",
+            kind=kind,
+            parent=parent,
+            job_id=self.job_id,
+            step=step,
+            role=self.role,
+            query_id=query_id,
+            rollout=rollout,
+            policy_version=self.version,
+        ):
+            return self._run_episode(step, query_id, rollout, call, subtask)
+
+    def _run_episode(
+        self, step: int, query_id: str, rollout: int, call: int, subtask: str
+    ) -> tuple[EpisodeMeta, float]:
         t0 = time.perf_counter()
         self.last_request_s = time.monotonic()
         recorded = self.store.episodes.get_one(self.job_id, step, episode_id(step, query_id, rollout, call))

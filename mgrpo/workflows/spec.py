@@ -181,7 +181,7 @@ class JobSpec:
     def ledger_roles(self) -> tuple[str, ...]:
         """The roles that train in a step loop of their own and mark the ledger, root first: every
         trainer role and every hosted callee (a step's records are kept until all of them are done)."""
-        return (*self.trainer_roles, *self.hosted_callees)
+        return (self.root, *self.callee_loops)
 
     @property
     def callee_loops(self) -> tuple[str, ...]:

@@ -1,9 +1,13 @@
 """What the end-to-end tests share: did a role's trainer really update its model, did a step reach
-each ledger, is every training queue accounted? And API-only services to send requests to."""
+each ledger, is every training queue accounted? And API-only services to send requests to, and the
+`mgrpo` CLI run as a process."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +31,23 @@ SHORT_JOB: dict[str, Any] = {  # a deep-research job of 3 short steps (its roles
     "partner_timeout_s": 300,
 }
 LORA = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mgrpo(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None, drop=()
+) -> subprocess.CompletedProcess[str]:
+    """`mgrpo ARGS` as a process (python -m services.cli) from this checkout; `drop`: variables unset."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop}
+    full_env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+    )
 
 
 def params_of(path: str | Path) -> dict[str, torch.nn.Parameter]:

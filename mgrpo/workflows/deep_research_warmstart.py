@@ -232,14 +232,15 @@ def cached_warmstart(
     """The shipped warm start of this config when there is one (`mgrpo.workflows.shipped`), else
     reuse `cache_dir/<kind>-<config key>` when it holds a finished one, else run and store one.
     Kinds: `warmstart` (planner, subagent), `single`, `team` (planner, searcher, comparer), `shared`
-    (one model, `planner`, for both roles)."""
+    (one model, `planner`, for both roles), `shared_team` (`team` and `shared`: one model for the
+    team's three roles)."""
     kind = "single" if single_agent else "team" if team else "shared" if shared else "warmstart"
+    kind = "shared_team" if team and shared else kind
 
     def build(tmp: Path) -> dict[str, Any]:
         if team:
-            return run_team_warmstart(
-                cfg, tmp, cached_warmstart(cfg, cache_dir, on_step=on_step), on_step=on_step
-            ).metrics
+            pair = cached_warmstart(cfg, cache_dir, shared=shared, on_step=on_step)
+            return run_team_warmstart(cfg, tmp, pair, on_step=on_step, shared=shared).metrics
         if single_agent:
             return run_single_warmstart(cfg, tmp, on_step=on_step).metrics
         return run_warmstart(cfg, tmp, on_step=on_step, on_eval=on_eval, shared=shared).metrics
@@ -255,6 +256,7 @@ def _cached(
         "single": ("single", "single"),
         "team": ("planner", "searcher"),
         "shared": ("planner", "planner"),
+        "shared_team": ("planner", "planner"),
     }.get(kind, ("planner", "subagent"))
     found = shipped.find(kind, asdict(cfg), cfg.presets())
     if found is not None:
@@ -317,18 +319,26 @@ def run_team_warmstart(
     base: WarmstartResult,
     *,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    shared: bool = False,
 ) -> WarmstartResult:
     """The team variant's warm start, on top of the deep-research one (`base`): the searcher is its
     sub-agent (the same demonstrations), copied; the planner continues from its planner for a third
     of the steps on the team plans (lookups, then the comparison of a comparison question delegated);
     the comparer (`tiny`, the sub-agent's tokenizer) learns to call `compare` and answer in as many
-    steps. Same questions, batch and optimiser; no held-out evaluation."""
+    steps. Same questions, batch and optimiser; no held-out evaluation. `shared`: `base` is the one
+    model of both roles (`PairTraining(shared=True)`), which goes on learning the team plans and the
+    comparer's demonstrations with one optimizer: the base the team's hosted searcher and comparer
+    share (saved as `planner` only)."""
     torch.manual_seed(cfg.seed)
     task = make_task(cfg)
     pm, ptok = load(base.planner_path)
-    ctok = train_tokenizer(tokenizer_texts(task), cfg.subagent_vocab)
-    cm = build_model("tiny", ctok, seed=cfg.seed + 2)
-    popt, copt = torch.optim.AdamW(pm.parameters(), lr=cfg.lr), torch.optim.AdamW(cm.parameters(), lr=cfg.lr)
+    popt = torch.optim.AdamW(pm.parameters(), lr=cfg.lr)
+    if shared:
+        cm, ctok, copt = pm, ptok, popt
+    else:
+        ctok = train_tokenizer(tokenizer_texts(task), cfg.subagent_vocab)
+        cm = build_model("tiny", ctok, seed=cfg.seed + 2)
+        copt = torch.optim.AdamW(cm.parameters(), lr=cfg.lr)
     questions = _train_questions(task, cfg)
     comparisons = [s for s in subtasks_of(task, questions, team=True) if team_role(s) == "comparer"]
     rng = random.Random(cfg.seed)
@@ -343,23 +353,32 @@ def run_team_warmstart(
             on_step(step, losses)
     out.mkdir(parents=True, exist_ok=True)
     save(pm, ptok, out / "planner")
-    save(cm, ctok, out / "comparer")
-    shutil.copytree(base.subagent_path, out / "searcher")
+    if not shared:
+        save(cm, ctok, out / "comparer")
+        shutil.copytree(base.subagent_path, out / "searcher")
     (out / "config.json").write_text(cfg.provenance())
     (out / "eval.json").write_text(json.dumps({}, indent=2))
-    return WarmstartResult(out, out / "planner", out / "searcher", {}, cached=False)
+    return WarmstartResult(
+        out, out / "planner", out / ("planner" if shared else "searcher"), {}, cached=False
+    )
 
 
 @dataclass(frozen=True)
 class DeepResearchWarmStart:
     """The deep-research workflows' `WarmStart` (`mgrpo.workflows.spec`): `pair` (planner and
     sub-agent), `single` (the single-agent baseline's one model), `team` (planner, searcher,
-    comparer) or `shared` (one model for planner and sub-agent: a job with a hosted sub-agent starts
-    its planner's base from it, whichever of these its workflow names). Its config comes from the job's seed, world size, warm-start steps and the presets of
+    comparer), `shared` (one model for planner and sub-agent: a job with a hosted sub-agent starts
+    its planner's base from it, whichever of these its workflow names) or `shared_team` (one model for
+    the team's three roles: the team's with hosted callees). Its config comes from the job's seed, world size, warm-start steps and the presets of
     the workflow's root and first callee (in single_agent mode, of the workflow the job names)."""
 
-    kind: Literal["pair", "single", "team", "shared"]
+    kind: Literal["pair", "single", "team", "shared", "shared_team"]
     title: str = "warm start"
+
+    @property
+    def one_model(self) -> bool:
+        """One model for every role (the base hosted callees share)."""
+        return self.kind in ("shared", "shared_team")
 
     def config(self, job: JobSpec) -> WarmstartConfig:
         steps = 350 if job.cfg.warmstart_steps is None else job.cfg.warmstart_steps
@@ -392,17 +411,17 @@ class DeepResearchWarmStart:
             config,
             cache_dir,
             single_agent=self.kind == "single",
-            team=self.kind == "team",
-            shared=self.kind == "shared",
+            team=self.kind in ("team", "shared_team"),
+            shared=self.kind in ("shared", "shared_team"),
             on_step=on_step,
             on_eval=on_eval,
         )
 
     def source(self, job: JobSpec, role: str, cache_dir: Path, *, stop: threading.Event | None = None) -> str:
-        if job.hosted_callees and self.kind != "shared":  # the callees train adapters on the root's base
-            return SHARED.source(job, role, cache_dir, stop=stop)
+        if job.hosted_callees and not self.one_model:  # the callees train adapters on the root's base
+            return (SHARED_TEAM if self.kind == "team" else SHARED).source(job, role, cache_dir, stop=stop)
         built = self.build(self.config(job), cache_dir, on_step=stop_check(stop))
-        if self.kind == "shared":
+        if self.one_model:
             if role != job.root:
                 raise ValueError(
                     f"roles.{role}: a hosted callee starts from the root's base, not a warm start of its own"
@@ -443,3 +462,4 @@ PAIR = DeepResearchWarmStart("pair")
 SINGLE = DeepResearchWarmStart("single")
 TEAM = DeepResearchWarmStart("team")
 SHARED = DeepResearchWarmStart("shared")  # one model for both roles: the base a hosted sub-agent shares
+SHARED_TEAM = DeepResearchWarmStart("shared_team")  # one model for the team's roles, hosted

@@ -1,7 +1,7 @@
 """`make warmstart` (`mgrpo warmstart --rebuild`): build the built-in workflows' default warm starts
 from scratch and ship them (`mgrpo.workflows.shipped`): deep research's planner and sub-agent, the
 team variant on top of them, deep research's one model for both roles (the base a hosted sub-agent
-shares), and MarsRL's roles with their shared model; and the deep-research demo's baseline (the warm start's
+shares) and the team's on top of it, and MarsRL's roles with their shared model; and the deep-research demo's baseline (the warm start's
 held-out outcomes, `shipped.baseline`)."""
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list
         entries.append(shipped.ship("team", asdict(cfg), cfg.presets(), team.folder, root))
         one = run_warmstart(cfg, Path(tmp) / "shared", on_step=step_of("shared base"), shared=True)
         entries.append(shipped.ship("shared", asdict(cfg), cfg.presets(), one.folder, root))
+        one_team = run_team_warmstart(
+            cfg, Path(tmp) / "shared_team", one, on_step=step_of("shared team base"), shared=True
+        )
+        entries.append(shipped.ship("shared_team", asdict(cfg), cfg.presets(), one_team.folder, root))
         mars = MarsWarmstartConfig()
         built = run_marsrl_warmstart(mars, Path(tmp) / "marsrl", on_step=step_of("MarsRL"))
         entries.append(shipped.ship("marsrl", asdict(mars), mars.presets(), built.folder, root))

@@ -260,6 +260,15 @@ def _roles(spec: JobSpec) -> None:
                 where,
                 f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})",
             )
+    hosted = spec.hosted_callees
+    for name in (r for r in spec.flow.callees if hosted and r not in hosted):
+        if spec.model_of(name).path is None:  # the warm start of a job with hosted callees is one model
+            raise JobConfigError(
+                ("roles", name),
+                f"roles.{name}: {', '.join(hosted)} train on {wf.root}'s base, whose warm start is one model "
+                f"for the hosted roles: host {name} too (share_model_with: {wf.root} and a lora), or give "
+                f"roles.{name}.model.path",
+            )
 
 
 def _tools(spec: JobSpec) -> None:

@@ -64,6 +64,7 @@ DEEP_RESEARCH_TEAM = Workflow(
     callee_job=SUBAGENT_JOB,
     route="mgrpo.tasks.deep_research:team_role",
     warmstart="mgrpo.workflows.deep_research_warmstart:TEAM",
+    hosts_callees=True,
 )  # fmt: skip  # a table: one role per line
 MARSRL = Workflow(
     "marsrl",

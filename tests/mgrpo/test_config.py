@@ -39,6 +39,13 @@ def test_a_callee_on_the_roots_base_is_hosted_in_its_trainer():
     assert hosted.ledger_roles == ("planner", "subagent") and hosted.callee_loops == ("subagent",)
     plain = spec()
     assert plain.hosted_callees == () and plain.ledger_roles == plain.trainer_roles == ("planner", "subagent")
+    team_roles = {"planner": {"lora": lora}, "comparer": {"lora": lora, "share_model_with": "planner"}}
+    with pytest.raises(JobConfigError, match=r"host searcher too .* or give roles.searcher.model.path"):
+        spec(workflow="deep_research_team", roles=team_roles)  # its warm start has no searcher of its own
+    team_roles["searcher"] = {"model": {"path": "/models/searcher"}}
+    team = spec(workflow="deep_research_team", roles=team_roles)  # a hosted comparer, a searcher service
+    assert team.trainer_roles == ("planner", "searcher") and team.hosted_callees == ("comparer",)
+    assert team.ledger_roles == ("planner", "searcher", "comparer")
     with pytest.raises(JobConfigError, match=r"roles.subagent.lora and roles.planner.lora"):
         spec(roles={"subagent": {"share_model_with": "planner"}})
     with pytest.raises(JobConfigError, match="needs that base frozen"):

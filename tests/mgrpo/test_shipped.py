@@ -18,6 +18,8 @@ from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 DEFAULTS = [
     ("warmstart", asdict(WarmstartConfig()), WarmstartConfig().presets()),
     ("team", asdict(WarmstartConfig()), WarmstartConfig().presets()),
+    ("shared", asdict(WarmstartConfig()), WarmstartConfig().presets()),
+    ("shared_team", asdict(WarmstartConfig()), WarmstartConfig().presets()),
     ("marsrl", asdict(MarsWarmstartConfig()), MarsWarmstartConfig().presets()),
 ]
 

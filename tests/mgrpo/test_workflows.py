@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgrpo.workflows import DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, OPENAI_AGENTS, WORKFLOWS
+from mgrpo.workflows import DEEP_RESEARCH, DEEP_RESEARCH_TEAM, MARSRL, OPENAI_AGENTS, SINGLE_AGENT, WORKFLOWS
 from mgrpo.workflows.base import MACHINERY
 
 
@@ -24,8 +24,9 @@ def test_the_table_answers_what_the_services_ask():
     assert MARSRL.cluster_roles() == ("solver", "verifier", "corrector")
     assert MARSRL.cluster_roles(shared=True) == ("solver",)
     assert DEEP_RESEARCH.cluster_roles(shared=True) == ("planner",)  # the sub-agent hosted on its base
+    assert DEEP_RESEARCH_TEAM.cluster_roles(shared=True) == ("planner",)  # searcher and comparer hosted
     with pytest.raises(ValueError, match="model of its own"):
-        DEEP_RESEARCH_TEAM.cluster_roles(shared=True)
+        SINGLE_AGENT.cluster_roles(shared=True)
     assert DEEP_RESEARCH_TEAM.callee_for("born first: A 1971, B 1968") == "comparer"
     assert DEEP_RESEARCH_TEAM.callee_for("birth year of A") == "searcher"
     assert DEEP_RESEARCH.callee_for("born first: A 1971, B 1968") == "subagent"  # the one callee

@@ -151,3 +151,55 @@ def test_the_hosted_subagent_rolls_out_on_the_planners_sglang_server(tmp_path):
     )
     named = {n.rsplit("-v", 1)[0] for batch in calls.get("generate_lora", []) for n in batch}
     assert named == {"mgrpo-planner", "mgrpo-subagent"}, named
+
+
+def test_the_teams_searcher_and_comparer_hosted_on_the_planners_base(tmp_path):
+    """The team variant with both sub-agents hosted (`share_model_with: planner`, a `lora` on each):
+    only the planner's service runs, on the `shared_team` warm start (one model SFT'd on the team's
+    three roles). Both callees serve delegations and train adapters of their own, each on its own
+    K·D aligned slots; the three adapters differ and all rest on the unchanged warm start."""
+    k, d, roles = 4, 2, ("planner", "searcher", "comparer")
+    job = {
+        **SHORT_JOB,
+        "workflow": "deep_research_team",
+        "steps": 2,
+        "prompts_per_step": 5,
+        "rollouts_per_query": k,
+        "subagent_slots_per_rollout": d,
+        "roles": {
+            r: {"optim": {"lr": 1e-4 if r == "planner" else 2e-3}, "lora": LORA}
+            | ({} if r == "planner" else {"share_model_with": "planner"})
+            for r in roles
+        },
+    }
+    spec = job_spec(JobConfig.model_validate(job))
+    assert spec.trainer_roles == ("planner",) and spec.hosted_callees == ("searcher", "comparer")
+    warm = cached_warmstart(spec.warmstart_config(), CACHE, team=True, shared=True)
+    cluster = LocalCluster(
+        tmp_path, api_token=TOKEN, roles=("planner",), extra_env={"MGRPO_CACHE_DIR": str(CACHE)}
+    )
+    with cluster:
+        url = cluster.url("controller")
+        r = httpx.post(f"{url}/v1/jobs", json=job, headers=H, timeout=30)
+        assert r.status_code == 201, r.text
+        job_url = f"{url}/v1/jobs/{(job_id := r.json()['job_id'])}"
+
+        def status() -> dict:
+            return dict(httpx.get(job_url, headers=H, timeout=10).json())
+
+        wait_for(lambda: status()["status"] in ("succeeded", "failed", "cancelled"), "the job ends", 900, 0.5)
+        assert status()["status"] == "succeeded", status()["reason"]
+        records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
+    adapters = {}
+    for role in roles:
+        ckpt = final_checkpoint(cluster, role, job_id)  # the callees' on the planner's volume
+        meta = json.loads((ckpt / "mgrpo.json").read_text())
+        assert Path(meta["lora_base"]["path"]).resolve() == warm.planner_path.resolve(), meta["lora_base"]
+        assert meta["lora_base"]["sha256"] == weights_sha256(warm.planner_path)
+        adapters[role] = load_file(ckpt / "adapter_model.safetensors")
+    for role in ("searcher", "comparer"):
+        samples = [r["values"][f"{role}/samples"] for r in records if f"{role}/samples" in r["values"]]
+        # its own K·D slots per query it got (a step may delegate no comparison)
+        assert max(samples) > 0 and all(n % (k * d) == 0 for n in samples), (role, samples)
+    for a, b in (("planner", "searcher"), ("planner", "comparer"), ("searcher", "comparer")):
+        assert any(not torch.equal(adapters[a][n], adapters[b][n]) for n in adapters[a]), (a, b)

@@ -48,6 +48,21 @@ JOB = {
 }
 
 
+def finished(cluster: LocalCluster, job: dict) -> str:
+    """Submit `job` and wait for it to succeed; its id."""
+    url = cluster.url("controller")
+    r = httpx.post(f"{url}/v1/jobs", json=job, headers=H, timeout=30)
+    assert r.status_code == 201, r.text
+    job_url = f"{url}/v1/jobs/{r.json()['job_id']}"
+
+    def status() -> dict:
+        return dict(httpx.get(job_url, headers=H, timeout=10).json())
+
+    wait_for(lambda: status()["status"] in ("succeeded", "failed", "cancelled"), "the job ends", 900, 0.5)
+    assert status()["status"] == "succeeded", status()["reason"]
+    return str(r.json()["job_id"])
+
+
 def test_a_subagent_hosted_on_the_planners_base_trains_and_resumes_after_kill(tmp_path):
     job_cfg = job_spec(JobConfig.model_validate(JOB))
     assert job_cfg.trainer_roles == ("planner",) and job_cfg.hosted_callees == ("subagent",)
@@ -130,18 +145,7 @@ def test_the_hosted_subagent_rolls_out_on_the_planners_sglang_server(tmp_path):
             role_env={"planner": {"MGRPO_SGLANG_URL": sglang}},
         )
         with cluster:
-            url = cluster.url("controller")
-            r = httpx.post(f"{url}/v1/jobs", json=JOB, headers=H, timeout=30)
-            assert r.status_code == 201, r.text
-            job_url = f"{url}/v1/jobs/{r.json()['job_id']}"
-
-            def job() -> dict:
-                return dict(httpx.get(job_url, headers=H, timeout=10).json())
-
-            wait_for(
-                lambda: job()["status"] in ("succeeded", "failed", "cancelled"), "the job ends", 600, 0.5
-            )
-            assert job()["status"] == "succeeded", job()["reason"]
+            finished(cluster, JOB)
     engine.close()
     calls = server.calls
     assert calls["update"] == [str(warm.planner_path)]  # the base, once
@@ -179,16 +183,8 @@ def test_the_teams_searcher_and_comparer_hosted_on_the_planners_base(tmp_path):
         tmp_path, api_token=TOKEN, roles=("planner",), extra_env={"MGRPO_CACHE_DIR": str(CACHE)}
     )
     with cluster:
+        job_id = finished(cluster, job)
         url = cluster.url("controller")
-        r = httpx.post(f"{url}/v1/jobs", json=job, headers=H, timeout=30)
-        assert r.status_code == 201, r.text
-        job_url = f"{url}/v1/jobs/{(job_id := r.json()['job_id'])}"
-
-        def status() -> dict:
-            return dict(httpx.get(job_url, headers=H, timeout=10).json())
-
-        wait_for(lambda: status()["status"] in ("succeeded", "failed", "cancelled"), "the job ends", 900, 0.5)
-        assert status()["status"] == "succeeded", status()["reason"]
         records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     adapters = {}
     for role in roles:

@@ -27,7 +27,7 @@ WorkflowOpt = Annotated[
 SharedOpt = Annotated[
     bool,
     typer.Option(
-        help="marsrl: one model and one trainer for every role; deep_research: the sub-agent hosted in the planner's service, its adapter on the planner's base (demo: with --lora; local up: no sub-agent service)."
+        help="marsrl: one model and one trainer for every role; deep_research (and deep_research_team): the sub-agents hosted in the planner's service, their adapters on the planner's base (demo: with --lora; local up: no sub-agent service)."
     ),
 ]
 

@@ -170,7 +170,7 @@ class RoleConfig(StrictModel):
     )
     share_model_with: str | None = Field(
         None,
-        description="Train this role in the root role's trainer instead of a trainer service of its own: MarsRL: with the root's model (one policy for every role), or with a `lora` of its own (and one on the root) its own adapter on the root's frozen base; deep_research: with a `lora` on both, the sub-agent's adapter on the planner's base, its own callee job hosted in the planner's process (roles on one base).",
+        description="Train this role in the root role's trainer instead of a trainer service of its own: MarsRL: with the root's model (one policy for every role), or with a `lora` of its own (and one on the root) its own adapter on the root's frozen base; deep_research and deep_research_team: with a `lora` on both, the sub-agent's adapter on the planner's base, its own callee job hosted in the planner's process (roles on one base; the team's searcher and comparer both, or the one not hosted given a `model.path`).",
     )
     lora: LoraSpec | None = Field(
         None,

@@ -69,6 +69,6 @@ class ServedAdapters:
         """New full weights: every adapter was trained on the old base."""
         self.loaded.clear()
         self.adapted.clear()
-        for engine in self.engines.values():
-            engine.close()
+        for served in self.engines.values():
+            served.close()
         self.engines.clear()

@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 
 from mgrpo.config import JobConfig
 from mgrpo.lora import weights_sha256
+from mgrpo.tasks.deep_research import make_questions
 from mgrpo.workflows import DEEP_RESEARCH, job_spec
-from mgrpo.workflows.deep_research_warmstart import cached_warmstart
+from mgrpo.workflows.deep_research_warmstart import cached_warmstart, job_task
 from services.launcher import LocalCluster
 from shared_store import Store
 from shared_store.schemas import MetricsEvent
@@ -161,13 +162,24 @@ def test_the_teams_searcher_and_comparer_hosted_on_the_planners_base(tmp_path):
     """The team variant with both sub-agents hosted (`share_model_with: planner`, a `lora` on each):
     only the planner's service runs, on the `shared_team` warm start (one model SFT'd on the team's
     three roles). Both callees serve delegations and train adapters of their own, each on its own
-    K·D aligned slots; the three adapters differ and all rest on the unchanged warm start."""
+    K·D aligned slots; the three adapters differ and all rest on the unchanged warm start. Every question
+    is a comparison (a file dataset of the world's own), so that the comparer is delegated to: on the
+    generated mix, a clean clone's run once had the planner delegate no comparison in either step."""
     k, d, roles = 4, 2, ("planner", "searcher", "comparer")
+    world = job_task(JobConfig(workflow="deep_research_team")).world
+    comparisons = [
+        q for q in make_questions(world, "train", 2, 400, seed=3) if q.kind in ("earlier", "same_country")
+    ]
+    data = tmp_path / "comparisons.jsonl"
+    data.write_text(
+        "".join(json.dumps({"query": q.text, "answer": q.answer}) + "\n" for q in comparisons[:20])
+    )
     job = {
         **SHORT_JOB,
         "workflow": "deep_research_team",
+        "dataset": {"source": f"file://{data}", "eval_split": None},
         "steps": 2,
-        "prompts_per_step": 5,
+        "prompts_per_step": 8,
         "rollouts_per_query": k,
         "subagent_slots_per_rollout": d,
         "roles": {
@@ -195,7 +207,7 @@ def test_the_teams_searcher_and_comparer_hosted_on_the_planners_base(tmp_path):
         adapters[role] = load_file(ckpt / "adapter_model.safetensors")
     for role in ("searcher", "comparer"):
         samples = [r["values"][f"{role}/samples"] for r in records if f"{role}/samples" in r["values"]]
-        # its own K·D slots per query it got (a step may delegate no comparison)
+        # its own K·D slots per query it got: 1-3 of 5 queries a step for the comparer in runs here, so 8
         assert max(samples) > 0 and all(n % (k * d) == 0 for n in samples), (role, samples)
     for a, b in (("planner", "searcher"), ("planner", "comparer"), ("searcher", "comparer")):
         assert any(not torch.equal(adapters[a][n], adapters[b][n]) for n in adapters[a]), (a, b)

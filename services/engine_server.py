@@ -138,9 +138,8 @@ class EngineServer:
         self.note: OnRequest = on_request or (lambda endpoint, got: None)
         self.groups: dict[str, Any] = {}
         self.arrived: set[str] = set()  # the staged tensors of a bucketed push not swapped in yet
-        self.adapters = ServedAdapters(
-            engine
-        )  # the loaded LoRA adapters, each role's on an engine of its own
+        # the loaded LoRA adapters, each role's on an engine of its own
+        self.adapters = ServedAdapters(engine)
 
     async def generate(self, req: GenerateRequest) -> Any:
         ids = req.input_ids

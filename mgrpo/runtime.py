@@ -105,13 +105,12 @@ def rollout_engine(
         )
         for u in urls
     ]
-    for server in servers:
-        server.weights_version = version
     engine = servers[0] if len(servers) == 1 else ReplicatedEngine(servers)
-    engine.weights_version = version
-    if load_base and sync_host:
+    if not load_base:  # a resumed role's policy version comes with its adapter (`RoleModel`)
+        return engine
+    if sync_host:
         engine.push_weights(model, version)
-    elif load_base:
+    else:
         engine.update_weights(weights, version)
     return engine
 

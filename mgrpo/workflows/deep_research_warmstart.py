@@ -412,7 +412,7 @@ class DeepResearchWarmStart:
             cache_dir,
             single_agent=self.kind == "single",
             team=self.kind in ("team", "shared_team"),
-            shared=self.kind in ("shared", "shared_team"),
+            shared=self.one_model,
             on_step=on_step,
             on_eval=on_eval,
         )

@@ -261,8 +261,8 @@ def _roles(spec: JobSpec) -> None:
                 f"roles.{name}.share_model_with: only a callee role can share, and only the root role's model ({wf.root!r})",
             )
     hosted = spec.hosted_callees
-    for name in (r for r in spec.flow.callees if hosted and r not in hosted):
-        if spec.model_of(name).path is None:  # the warm start of a job with hosted callees is one model
+    for name in spec.flow.callees if hosted else ():
+        if name not in hosted and spec.model_of(name).path is None:  # the warm start is one model
             raise JobConfigError(
                 ("roles", name),
                 f"roles.{name}: {', '.join(hosted)} train on {wf.root}'s base, whose warm start is one model "

@@ -34,12 +34,10 @@ from tests.services.checks import (
     stream_messages,
     supervised,
 )
-from tests.waiting import wait_for
+from tests.services.e2e import TOKEN, H, submit, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "mgrpo"
-TOKEN = "hosted-token"
-H = {"Authorization": f"Bearer {TOKEN}"}
 JOB = {
     **SHORT_JOB,
     "roles": {
@@ -47,21 +45,6 @@ JOB = {
         "subagent": {"optim": {"lr": 2e-3}, "lora": LORA, "share_model_with": "planner"},
     },
 }
-
-
-def finished(cluster: LocalCluster, job: dict) -> str:
-    """Submit `job` and wait for it to succeed; its id."""
-    url = cluster.url("controller")
-    r = httpx.post(f"{url}/v1/jobs", json=job, headers=H, timeout=30)
-    assert r.status_code == 201, r.text
-    job_url = f"{url}/v1/jobs/{r.json()['job_id']}"
-
-    def status() -> dict:
-        return dict(httpx.get(job_url, headers=H, timeout=10).json())
-
-    wait_for(lambda: status()["status"] in ("succeeded", "failed", "cancelled"), "the job ends", 900, 0.5)
-    assert status()["status"] == "succeeded", status()["reason"]
-    return str(r.json()["job_id"])
 
 
 def test_a_subagent_hosted_on_the_planners_base_trains_and_resumes_after_kill(tmp_path):
@@ -146,7 +129,8 @@ def test_the_hosted_subagent_rolls_out_on_the_planners_sglang_server(tmp_path):
             role_env={"planner": {"MGRPO_SGLANG_URL": sglang}},
         )
         with cluster:
-            finished(cluster, JOB)
+            job = wait(cluster, submit(cluster, JOB))
+            assert job["status"] == "succeeded", job["reason"]
     engine.close()
     calls = server.calls
     assert calls["update"] == [str(warm.planner_path)]  # the base, once
@@ -195,7 +179,9 @@ def test_the_teams_searcher_and_comparer_hosted_on_the_planners_base(tmp_path):
         tmp_path, api_token=TOKEN, roles=("planner",), extra_env={"MGRPO_CACHE_DIR": str(CACHE)}
     )
     with cluster:
-        job_id = finished(cluster, job)
+        job_id = submit(cluster, job)
+        ended = wait(cluster, job_id, 900)
+        assert ended["status"] == "succeeded", ended["reason"]
         url = cluster.url("controller")
         records = httpx.get(f"{url}/v1/jobs/{job_id}/metrics", headers=H).json()["records"]
     adapters = {}

@@ -287,6 +287,12 @@ class JobConfig(StrictModel):
         le=100_000,
         description="SFT steps of the cached warm start (0: untrained presets; default: the workflow's).",
     )
+    warmstart_guess_share: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Deep research: the share of subtasks whose sub-agent demonstration guesses the fact instead of looking it up (a flawed demonstrator, as real ones are: SFT learns the flaw and plateaus below the task's best; RL can unlearn it). 0: every demonstration looks the fact up.",
+    )
     checkpoint_keep_every_steps: int = Field(
         0,
         ge=0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from transformers import PreTrainedTokenizerBase
 
 from mgrpo.agents.agents import demo_transcript, planner_prompt, subagent_prompt
@@ -30,15 +32,43 @@ def planner_demo(
     return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["planner"])
 
 
-def subagent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, subtask: str) -> Transcript:
+def subagent_demo(
+    task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, subtask: str, *, guess: str | None = None
+) -> Transcript:
+    """Search the subtask's entity, open its document, report the fact; `guess`: a flawed
+    demonstrator's, which reports `guess` at once without looking anything up (`guessed`)."""
     m = _SUBTASK.match(subtask)
     value = fact(task.world, subtask)
     if m is None or value is None:
         raise ValueError(f"no demonstration for subtask {subtask!r}")
-    turns = [*_tool_turns(task, m.group(2)), (f"<result>{value}</result>", None)]
+    lookups = [] if guess is not None else _tool_turns(task, m.group(2))
+    turns = [*lookups, (f"<result>{value if guess is None else guess}</result>", None)]
     return demo_transcript(
         tokenizer, subagent_prompt(tokenizer, subtask), turns, OBSERVATION_TAGS["subagent"]
     )
+
+
+def guessed(task: DeepResearchTask, subtask: str, share: float, seed: int) -> str | None:
+    """The flawed demonstrator of `WarmstartConfig.guess_share`: for a `share` of subtasks (a seeded
+    draw per subtask) it answers with a guess of the right kind (a city, a year, an employer, a
+    country: drawn from all the world's values of that kind, so rarely the fact) instead of looking
+    it up. None: this subtask's demonstration looks the fact up."""
+    if share <= 0.0:
+        return None
+    rng = random.Random(f"{seed}:guess:{subtask}")
+    if rng.random() >= share:
+        return None
+    m, world = _SUBTASK.match(subtask), task.world
+    if m is None:
+        raise ValueError(f"no demonstration for subtask {subtask!r}")
+    values = {
+        "birth city": list(world.cities),
+        "birth year": sorted({str(p.birth_year) for p in world.people.values()}),
+        "employer": list(world.orgs),
+        "country": list(world.countries),
+        "base": list(world.cities),
+    }[m.group(1)]
+    return rng.choice(values)
 
 
 def comparer_demo(tokenizer: PreTrainedTokenizerBase, subtask: str) -> Transcript:

@@ -32,7 +32,14 @@ from mgrpo.presets import PRESETS
 from mgrpo.records import Transcript
 from mgrpo.reproducibility import cache_key, provenance
 from mgrpo.tasks.deep_research import DeepResearchTask, Question, make_questions, team_role
-from mgrpo.tasks.demos import comparer_demo, planner_demo, single_agent_demo, subagent_demo, subtasks_of
+from mgrpo.tasks.demos import (
+    comparer_demo,
+    guessed,
+    planner_demo,
+    single_agent_demo,
+    subagent_demo,
+    subtasks_of,
+)
 from mgrpo.tasks.world import generate_world
 from mgrpo.workflows import shipped
 from mgrpo.workflows.deep_research_eval import evaluate_single_model, evaluate_system
@@ -53,6 +60,16 @@ class WarmstartConfig:
     stage2_fraction: float = 0.5
     eval_questions: int = 100  # 0 skips the evaluation
     sft_chunks: int = 4  # each SFT batch as length-sorted chunks (less padding; the same token-mean loss)
+    guess_share: float = 0.0  # a flawed sub-agent demonstrator: this share of subtasks guessed (`guessed`)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as its cache key and shipped manifest read it: a field added after warm starts
+        were shipped appears only when it is not its default, so their keys stay valid."""
+        out = asdict(self)
+        for name, default in _ADDED_FIELDS.items():
+            if out[name] == default:
+                del out[name]
+        return out
 
     def eval_rollouts(self) -> int:
         """Planner rollouts of the warm start's own evaluation (2 stages x 2 temperatures)."""
@@ -62,10 +79,13 @@ class WarmstartConfig:
         return {p: PRESETS.get(p) for p in sorted({self.planner_preset, self.subagent_preset, "tiny"})}
 
     def key(self) -> str:
-        return cache_key(asdict(self), presets=self.presets())
+        return cache_key(self.as_dict(), presets=self.presets())
 
     def provenance(self) -> str:
-        return json.dumps(provenance(asdict(self), presets=self.presets()), indent=2)
+        return json.dumps(provenance(self.as_dict(), presets=self.presets()), indent=2)
+
+
+_ADDED_FIELDS: dict[str, object] = {"guess_share": 0.0}
 
 
 @dataclass
@@ -142,14 +162,17 @@ class PairTraining:
                 for q in qs
             ]
             s_batch = [
-                self.s_demos.get(s) or self.s_demos.setdefault(s, subagent_demo(task, self.stok, s))
-                for s in subs
+                self.s_demos.get(s) or self.s_demos.setdefault(s, self._subagent_demo(s)) for s in subs
             ]
             p_loss = _sft(self.pm, self.popt, self.ptok, p_batch, cfg)
             s_loss = _sft(self.sm, self.sopt, self.stok, s_batch, cfg)
             self.done = step + 1
             if on_step:
                 on_step(step, {"planner/sft_loss": p_loss, "subagent/sft_loss": s_loss})
+
+    def _subagent_demo(self, subtask: str) -> Transcript:
+        guess = guessed(self.task, subtask, self.cfg.guess_share, self.cfg.seed)
+        return subagent_demo(self.task, self.stok, subtask, guess=guess)
 
     def save(self, out: Path, on_eval: Callable[[], None] | None = None) -> WarmstartResult:
         """Evaluate and save the models as the warm start of `self.done` steps (its own config)."""
@@ -258,7 +281,7 @@ def _cached(
         "shared": ("planner", "planner"),
         "shared_team": ("planner", "planner"),
     }.get(kind, ("planner", "subagent"))
-    found = shipped.find(kind, asdict(cfg), cfg.presets())
+    found = shipped.find(kind, cfg.as_dict(), cfg.presets())
     if found is not None:
         metrics = json.loads((found / "eval.json").read_text())
         return WarmstartResult(found, found / names[0], found / names[1], metrics, cached=True)
@@ -391,6 +414,7 @@ class DeepResearchWarmStart:
             planner_preset=job.model_of(wf.root).preset or "tiny",
             subagent_preset=callee or "tiny-wide",
             eval_questions=100 if steps >= 100 else 0,
+            guess_share=0.0 if self.kind == "single" else job.cfg.warmstart_guess_share,
         )
 
     def steps(self, config: WarmstartConfig) -> int:

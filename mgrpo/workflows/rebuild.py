@@ -46,7 +46,7 @@ def ship_baseline_here(root: Path = shipped.SHIPPED) -> dict[str, Any]:
     """`mgrpo warmstart --ship-baseline`: the demo's baseline of the shipped default warm start,
     evaluated on this processor and shipped beside those of others (`demo_baseline`)."""
     cfg = WarmstartConfig()
-    folder = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
+    folder = shipped.find("warmstart", cfg.as_dict(), cfg.presets(), root)
     if folder is None:
         raise shipped.StaleShippedError(
             f"the default warm start is not shipped: build it with {shipped.REBUILD}"
@@ -64,19 +64,19 @@ def rebuild(root: Path = shipped.SHIPPED, on_step: OnStep | None = None) -> list
     with tempfile.TemporaryDirectory() as tmp:
         cfg = WarmstartConfig()
         pair = run_warmstart(cfg, Path(tmp) / "pair", on_step=step_of("deep research"))
-        entries.append(shipped.ship("warmstart", asdict(cfg), cfg.presets(), pair.folder, root))
-        base = shipped.find("warmstart", asdict(cfg), cfg.presets(), root)
+        entries.append(shipped.ship("warmstart", cfg.as_dict(), cfg.presets(), pair.folder, root))
+        base = shipped.find("warmstart", cfg.as_dict(), cfg.presets(), root)
         assert base is not None
         base_result = WarmstartResult(base, base / "planner", base / "subagent", pair.metrics, cached=True)
         ship_demo_baseline(base, root)
         team = run_team_warmstart(cfg, Path(tmp) / "team", base_result, on_step=step_of("team"))
-        entries.append(shipped.ship("team", asdict(cfg), cfg.presets(), team.folder, root))
+        entries.append(shipped.ship("team", cfg.as_dict(), cfg.presets(), team.folder, root))
         one = run_warmstart(cfg, Path(tmp) / "shared", on_step=step_of("shared base"), shared=True)
-        entries.append(shipped.ship("shared", asdict(cfg), cfg.presets(), one.folder, root))
+        entries.append(shipped.ship("shared", cfg.as_dict(), cfg.presets(), one.folder, root))
         one_team = run_team_warmstart(
             cfg, Path(tmp) / "shared_team", one, on_step=step_of("shared team base"), shared=True
         )
-        entries.append(shipped.ship("shared_team", asdict(cfg), cfg.presets(), one_team.folder, root))
+        entries.append(shipped.ship("shared_team", cfg.as_dict(), cfg.presets(), one_team.folder, root))
         mars = MarsWarmstartConfig()
         built = run_marsrl_warmstart(mars, Path(tmp) / "marsrl", on_step=step_of("MarsRL"))
         entries.append(shipped.ship("marsrl", asdict(mars), mars.presets(), built.folder, root))

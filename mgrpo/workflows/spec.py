@@ -305,6 +305,13 @@ def _inputs(spec: JobSpec) -> None:
                 ("roles", missing[0], "model"),
                 f"roles.{missing[0]}.model: the {wf.name} workflow serves chat models: give every role's model.path (a folder with a chat template)",
             )
+    if cfg.warmstart_guess_share and not (
+        wf.warmstart and hasattr(wf.load("warmstart").config(spec), "guess_share")
+    ):
+        raise JobConfigError(
+            ("warmstart_guess_share",),
+            f"warmstart_guess_share: the {wf.name} workflow's warm start has no flawed demonstrator (the deep-research workflows' sub-agents have); leave it 0",
+        )
     if not wf.takes_dataset and (cfg.dataset is not None or cfg.reward != RewardConfig()):
         raise JobConfigError(
             ("dataset",) if cfg.dataset is not None else ("reward",),

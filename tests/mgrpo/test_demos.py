@@ -2,7 +2,7 @@ import pytest
 
 from mgrpo.agents.format import parse_planner_turn, parse_single_turn, parse_subagent_turn
 from mgrpo.tasks.deep_research import gold_plan, make_questions
-from mgrpo.tasks.demos import planner_demo, single_agent_demo, subagent_demo, subtasks_of
+from mgrpo.tasks.demos import guessed, planner_demo, single_agent_demo, subagent_demo, subtasks_of
 
 
 def generated_segments(tokenizer, tr):
@@ -44,3 +44,34 @@ def test_subagent_and_single_agent_demos(small_task, tokenizer):
         assert len(actions) == 2 * len(gold_plan(small_task.world, q)) + 1 and actions[-1].content == q.answer
     with pytest.raises(ValueError, match="no demonstration"):
         subagent_demo(small_task, tokenizer, "colour of the sky")
+
+
+def test_the_flawed_demonstrator_guesses_a_share_of_subtasks_with_a_value_of_the_right_kind(
+    small_task, tokenizer
+):
+    """`WarmstartConfig.guess_share` (issue 43): the guessing demonstrator reports a value of the
+    asked kind at once, for about `share` of the subtasks, the same subtasks every time."""
+    world = small_task.world
+    subs = sorted(set(subtasks_of(small_task, make_questions(world, "train", 2, 200))))
+    assert all(guessed(small_task, s, 0.0, 0) is None for s in subs)
+    guesses = {s: guessed(small_task, s, 0.3, 0) for s in subs}
+    assert 0.2 < sum(g is not None for g in guesses.values()) / len(subs) < 0.4
+    assert guesses == {s: guessed(small_task, s, 0.3, 0) for s in subs}  # a seeded draw per subtask
+    assert guesses != {s: guessed(small_task, s, 0.3, 1) for s in subs}
+    kinds = {
+        "birth city": world.cities,
+        "country": world.countries,
+        "employer": world.orgs,
+        "base": world.cities,
+    }
+    wrong = 0
+    for sub, guess in guesses.items():
+        if guess is None:
+            continue
+        relation = sub.split(" of ")[0]
+        assert guess in kinds[relation] if relation in kinds else guess.isdigit()
+        wrong += small_task.judge(sub, guess) == 0.0
+        tr = subagent_demo(small_task, tokenizer, sub, guess=guess)
+        actions = [parse_subagent_turn(s) for s in generated_segments(tokenizer, tr)]
+        assert [(a.kind, a.content) for a in actions] == [("result", guess)]
+    assert wrong > 0.6 * sum(g is not None for g in guesses.values())  # a guess, not the fact

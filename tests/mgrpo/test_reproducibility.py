@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -114,7 +113,7 @@ def test_the_cache_key_covers_versions_presets_and_libraries(monkeypatch):
 
 def test_provenance_records_what_the_key_covers():
     record = json.loads(WarmstartConfig().provenance())
-    assert record["config"] == asdict(WarmstartConfig()) and record["recipe"] == RECIPE_VERSIONS
+    assert record["config"] == WarmstartConfig().as_dict() and record["recipe"] == RECIPE_VERSIONS
     assert set(record["libraries"]) == {"torch", "transformers", "tokenizers"} and "numerics" in record
     assert cache_key(record["config"], presets=record["presets"]) == WarmstartConfig().key()
 

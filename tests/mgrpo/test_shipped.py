@@ -16,10 +16,10 @@ from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_warm
 from mgrpo.workflows.marsrl_warmstart import MarsWarmstartConfig
 
 DEFAULTS = [
-    ("warmstart", asdict(WarmstartConfig()), WarmstartConfig().presets()),
-    ("team", asdict(WarmstartConfig()), WarmstartConfig().presets()),
-    ("shared", asdict(WarmstartConfig()), WarmstartConfig().presets()),
-    ("shared_team", asdict(WarmstartConfig()), WarmstartConfig().presets()),
+    ("warmstart", WarmstartConfig().as_dict(), WarmstartConfig().presets()),
+    ("team", WarmstartConfig().as_dict(), WarmstartConfig().presets()),
+    ("shared", WarmstartConfig().as_dict(), WarmstartConfig().presets()),
+    ("shared_team", WarmstartConfig().as_dict(), WarmstartConfig().presets()),
     ("marsrl", asdict(MarsWarmstartConfig()), MarsWarmstartConfig().presets()),
 ]
 
@@ -111,7 +111,7 @@ def _demo_baseline() -> tuple[object, object, object, str]:
     from mgrpo.workflows.demo_baseline import DEMO_EVAL_QUESTIONS, baseline_key, numerics_fingerprint
 
     cfg, task = WarmstartConfig(), job_task(JobConfig())
-    folder = shipped.find("warmstart", asdict(cfg), cfg.presets())
+    folder = shipped.find("warmstart", cfg.as_dict(), cfg.presets())
     numerics = numerics_fingerprint((folder / "planner", folder / "subagent"))
     return cfg, task, folder, baseline_key(task, cfg, DEMO_EVAL_QUESTIONS, numerics)
 

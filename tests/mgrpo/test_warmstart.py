@@ -7,7 +7,12 @@ import torch
 from mgrpo.config import JobConfig
 from mgrpo.models import load
 from mgrpo.workflows import job_spec
-from mgrpo.workflows.deep_research_warmstart import WarmstartConfig, cached_ladder, cached_warmstart
+from mgrpo.workflows.deep_research_warmstart import (
+    PairTraining,
+    WarmstartConfig,
+    cached_ladder,
+    cached_warmstart,
+)
 from mgrpo.workflows.marsrl_warmstart import MarsRLWarmStart, MarsWarmstartConfig
 from mgrpo.workflows.marsrl_warmstart import run_warmstart as run_marsrl_warmstart
 
@@ -27,6 +32,25 @@ def test_tiny_warmstart_trains_saves_and_is_cached(tmp_path):
     again = cached_warmstart(cfg, tmp_path, on_step=lambda s, m: pytest.fail("retrained a cached warm start"))
     assert again.cached and again.metrics == first.metrics
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_flawed_demonstrator_changes_the_sub_agents_demos_and_the_key_but_not_the_shipped_keys():
+    """`guess_share` (issue 43) is keyed only when set: the shipped warm starts' keys stay valid."""
+    plain = WarmstartConfig(n_people=60, steps=1, batch_size=8, eval_questions=0)
+    assert "guess_share" not in plain.as_dict() and plain.key() == replace(plain, guess_share=0.0).key()
+    flawed = replace(plain, guess_share=0.5)
+    assert flawed.as_dict()["guess_share"] == 0.5 and flawed.key() != plain.key()
+    training = PairTraining(flawed)
+    training.advance(1)
+    turns = [
+        sum(1 for a, b in zip(d.mask, d.mask[1:], strict=False) if b and not a)
+        for d in training.s_demos.values()
+    ]
+    assert 0 < turns.count(1) < len(turns)  # some demonstrations answer at once, the rest look up
+    job = job_spec(JobConfig(n_people=60, warmstart_guess_share=0.5))
+    assert job.warmstart_config().guess_share == 0.5
+    single = job_spec(JobConfig(n_people=60, warmstart_guess_share=0.5, mode="single_agent"))
+    assert single.warmstart_config().guess_share == 0.0  # the single agent's demonstrations look up
 
 
 def test_the_shared_warm_start_is_one_model_that_learned_both_roles(tmp_path):

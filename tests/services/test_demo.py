@@ -5,7 +5,6 @@ evaluated on the same questions with the same seeded draws."""
 from __future__ import annotations
 
 import io
-from dataclasses import asdict
 
 from rich.console import Console
 
@@ -20,7 +19,7 @@ N = 16
 
 def _setup():
     cfg = WarmstartConfig()
-    folder = shipped.find("warmstart", asdict(cfg), cfg.presets())
+    folder = shipped.find("warmstart", cfg.as_dict(), cfg.presets())
     assert folder is not None
     pair = (folder / "planner", folder / "subagent")
     return job_task(JobConfig()), cfg, {"before": pair, "after": pair}

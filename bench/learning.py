@@ -5,6 +5,9 @@
     .venv/bin/python bench/learning.py --arms co_train --seeds 0 --set planner_optim.lr=1e-4
     .venv/bin/python bench/learning.py --worlds 301 302 303 --arms co_train main_only single_agent \
         --seeds 0 1 --steps 20 --eval-every 20 --eval-questions 400   # issue 43: worlds nobody tuned on
+    .venv/bin/python bench/learning.py --worlds 0 --plateau --arms co_train main_only --seeds 0 1 \
+        --steps 20 --eval-every 20 --eval-questions 400 --set warmstart_guess_share=0.3
+        # issue 43: from a warm start trained to its plateau on a flawed sub-agent demonstrator
 
 Every run starts from the same cached warm start and trains on stage-2 training-split questions as a
 job on a local cluster (embedded Redis, controller, planner and sub-agent services as processes);
@@ -427,8 +430,9 @@ def main() -> None:
                     {"worlds": compare_worlds(runs, starts)} if args.worlds else {"table": summarise(runs)}
                 )
                 (args.out / "results.json").write_text(json.dumps(results, indent=1))
+                if args.worlds:  # a study cut short keeps the table of what it ran
+                    write_world_table(results["worlds"], args.out / "worlds.md")
     if args.worlds:  # one table per world and pooled; the single-world table and curves would mix worlds
-        write_world_table(compare_worlds(runs, starts), args.out / "worlds.md")
         console.print((args.out / "worlds.md").read_text())
         console.print(f"wrote {args.out}/results.json, worlds.md")
         return

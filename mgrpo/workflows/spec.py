@@ -306,11 +306,12 @@ def _inputs(spec: JobSpec) -> None:
                 f"roles.{missing[0]}.model: the {wf.name} workflow serves chat models: give every role's model.path (a folder with a chat template)",
             )
     if cfg.warmstart_guess_share and not (
-        wf.warmstart and hasattr(wf.load("warmstart").config(spec), "guess_share")
+        wf.warmstart
+        and getattr(wf.load("warmstart").config(spec), "guess_share", None) == cfg.warmstart_guess_share
     ):
         raise JobConfigError(
             ("warmstart_guess_share",),
-            f"warmstart_guess_share: the {wf.name} workflow's warm start has no flawed demonstrator (the deep-research workflows' sub-agents have); leave it 0",
+            f"warmstart_guess_share: the {wf.name} workflow's warm start has no flawed demonstrator (the sub-agents of deep_research and deep_research_team have); leave it 0",
         )
     if not wf.takes_dataset and (cfg.dataset is not None or cfg.reward != RewardConfig()):
         raise JobConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -248,6 +248,14 @@ def warmstart(
             help="Evaluate the shipped deep-research warm start on the demo's held-out questions here and ship the outcomes for this processor's numerics (about two minutes)."
         ),
     ] = False,
+    guess_share: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="A flawed sub-agent demonstrator: the share of subtasks it guesses instead of looking up (a job's warmstart_guess_share).",
+        ),
+    ] = 0.0,
 ) -> None:
     """Warm-start (SFT) the preset models of a workflow on demonstrations: the cache a job with these
     settings uses, built once and reused (the defaults ship with mgrpo: `--rebuild` builds those)."""
@@ -264,7 +272,8 @@ def warmstart(
         console.print(f"shipped {listed['file']} (evaluated {listed['evaluated']}): commit mgrpo/shipped/")
         return
     _workflow(workflow)
-    options = {"n_people": n_people} if n_people is not None else {}
+    options: dict[str, Any] = {"n_people": n_people} if n_people is not None else {}
+    options |= {"warmstart_guess_share": guess_share} if guess_share else {}
     mode = "single_agent" if single_agent else "co_train"
     try:
         job = job_spec(JobConfig(workflow=workflow, mode=mode, seed=seed, warmstart_steps=steps, **options))

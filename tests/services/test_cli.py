@@ -50,6 +50,30 @@ def test_warmstart_progress_lines_in_a_log(tmp_path):
     assert again.returncode == 0 and "cached:" in again.stdout
 
 
+def test_warmstart_with_a_flawed_demonstrator_is_a_warm_start_of_its_own(tmp_path):
+    """`--guess-share` (a job's `warmstart_guess_share`) keys its own cache; a workflow whose warm
+    start has no such demonstrator refuses it, saying so."""
+    args = (
+        "warmstart",
+        "--steps",
+        "2",
+        "--n-people",
+        "60",
+        "--eval-questions",
+        "0",
+        "--cache-dir",
+        str(tmp_path),
+    )
+    assert mgrpo(*args).returncode == 0
+    flawed = mgrpo(*args, "--guess-share", "0.5")
+    assert flawed.returncode == 0 and "trained:" in flawed.stdout, (
+        flawed.stdout[-2000:] + flawed.stderr[-2000:]
+    )
+    assert len(list(tmp_path.glob("warmstart-*/eval.json"))) == 2
+    refused = mgrpo("warmstart", "--workflow", "marsrl", "--guess-share", "0.3", "--cache-dir", str(tmp_path))
+    assert refused.returncode != 0 and "no flawed demonstrator" in refused.stdout + refused.stderr
+
+
 def test_schema_shows_every_workflow():
     proc = mgrpo("schema")
     assert proc.returncode == 0, proc.stderr

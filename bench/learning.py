@@ -8,6 +8,8 @@
     .venv/bin/python bench/learning.py --worlds 0 --plateau --arms co_train main_only --seeds 0 1 \
         --steps 20 --eval-every 20 --eval-questions 400 --set warmstart_guess_share=0.3
         # issue 43: from a warm start trained to its plateau on a flawed sub-agent demonstrator
+    .venv/bin/python bench/learning.py --combine A/results.json B/results.json --out C
+        # one --worlds study run in parts (other arms or worlds later): one table, paired as if one run
 
 Every run starts from the same cached warm start and trains on stage-2 training-split questions as a
 job on a local cluster (embedded Redis, controller, planner and sub-agent services as processes);
@@ -317,6 +319,40 @@ def compare_worlds(
     return out
 
 
+def combine(
+    parts: Sequence[Path],
+) -> tuple[list[dict[str, Any]], dict[tuple[int, bool], dict[str, Any]], dict]:
+    """The runs, warm starts and plateaus of one study run in parts (`--combine`): each run once, and
+    every run of a world from warm starts of the same SFT budget; a world's runs of one kind (pair or
+    single agent) from one warm start (its own numbers on the questions, kept as each run's first point)."""
+    runs: list[dict[str, Any]] = []
+    starts: dict[tuple[int, bool], dict[str, Any]] = {}
+    plateaus: dict[str, Any] = {}
+    budget: dict[int, Any] = {}
+    for part in parts:
+        study = json.loads(part.read_text())
+        plateaus |= study.get("plateaus", {})
+        for r in study["runs"]:
+            w, name = r["world"], f"{r['arm']} seed {r['seed']} of world {r['world']}"
+            if any((x["world"], x["arm"], x["seed"]) == (w, r["arm"], r["seed"]) for x in runs):
+                raise ValueError(f"{part}: {name} is in two of the parts: give each run once")
+            steps = r["job"].get("warmstart_steps")
+            if budget.setdefault(w, steps) != steps:
+                raise ValueError(
+                    f"{part}: {name} starts from {steps} SFT steps, other runs of world {w} from "
+                    f"{budget[w]}: combine runs whose arms start from the same SFT budget"
+                )
+            key = (w, ARMS[r["arm"]]["mode"] == "single_agent")
+            start = {k: v for k, v in r["curve"][0].items() if k != "updates"}
+            if starts.setdefault(key, start)["by_question"] != start["by_question"]:
+                raise ValueError(
+                    f"{part}: {name} starts from another warm start than the other runs of its kind "
+                    "on that world (other outcomes on the same questions): combine parts of one study"
+                )
+            runs.append(r)
+    return runs, starts, plateaus
+
+
 def find_plateau(world: int | None, args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """`plateau` of one world's warm start, each rung scored like the study's start (stage 2, T = 1)."""
 
@@ -398,7 +434,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/learning"))
     ap.add_argument("--cache-dir", type=Path, default=Path(".cache/mgrpo"))
     ap.add_argument("--redis-url", default=None)
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="the results.json of a --worlds study run in parts: writes their combined results.json and worlds.md into --out (runs nothing)",
+    )
     args = ap.parse_args()
+    if args.combine:
+        args.out.mkdir(parents=True, exist_ok=True)
+        runs, starts, plateaus = combine(args.combine)
+        study = {"runs": runs, "plateaus": plateaus, "parts": [str(p) for p in args.combine]}
+        study["worlds"] = compare_worlds(runs, starts)
+        (args.out / "results.json").write_text(json.dumps(study, indent=1))
+        write_world_table(study["worlds"], args.out / "worlds.md")
+        Console().print((args.out / "worlds.md").read_text())
+        return
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.eval_questions = args.seeds[:1], 8, 4, 100
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 per world the arms are compared question by question (each question's success averaged over the run
 seeds), and the pooled comparison pairs only within a world."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -87,3 +88,54 @@ def test_the_plateau_is_the_last_warm_start_the_next_does_not_beat_by_two_paired
     assert found["rungs"][1]["gain"] == pytest.approx(0.10)
     rising = plateau(lambda steps: at(steps / 4000))  # never flattens on the ladder
     assert rising["steps"] == 2800 and rising.get("capped")
+
+
+def part(tmp_path, name, runs, plateaus=None):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"runs": runs, "plateaus": plateaus or {}}))
+    return path
+
+
+def started(world, arm, seed, first, final, steps=700):
+    """A run as `run_one` keeps it: its warm start's numbers as the curve's first point."""
+    return run(world, arm, seed, final) | {
+        "curve": [{"updates": 0, **start(first)}, run(world, arm, seed, final)["curve"][1]],
+        "job": {"warmstart_steps": steps},
+    }
+
+
+def test_a_study_run_in_parts_is_compared_as_if_run_at_once(tmp_path):
+    from learning import combine
+
+    pair, single = {"a": 0.0, "b": 1.0, "c": 0.0}, {"a": 0.0, "b": 0.0, "c": 0.0}
+    first = [
+        started(1, "co_train", 0, pair, {"a": 1.0, "b": 1.0, "c": 1.0}),
+        started(1, "main_only", 0, pair, {"a": 0.0, "b": 1.0, "c": 1.0}),
+    ]
+    later = [started(1, "single_agent", 0, single, {"a": 0.0, "b": 1.0, "c": 0.0})]
+    runs, starts, plateaus = combine(
+        [part(tmp_path, "a", first, {"1": {"steps": 700}}), part(tmp_path, "b", later)]
+    )
+    assert plateaus == {"1": {"steps": 700}}
+    at_once = compare_worlds(first + later, {(1, False): start(pair), (1, True): start(single)})
+    assert compare_worlds(runs, starts) == at_once
+    assert at_once["worlds"]["1"]["differences"]["co_train - single_agent"]["diff"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("later", "says"),
+    [
+        ([started(1, "co_train", 0, {"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 1.0})], "in two of the parts"),
+        (
+            [started(1, "single_agent", 0, {"a": 0.0, "b": 0.0}, {"a": 0.0, "b": 1.0}, steps=350)],
+            "same SFT budget",
+        ),
+        ([started(1, "main_only", 0, {"a": 1.0, "b": 1.0}, {"a": 0.0, "b": 1.0})], "another warm start"),
+    ],
+)
+def test_parts_of_different_studies_are_refused(tmp_path, later, says):
+    from learning import combine
+
+    first = [started(1, "co_train", 0, {"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 1.0})]
+    with pytest.raises(ValueError, match=says):
+        combine([part(tmp_path, "a", first), part(tmp_path, "b", later)])

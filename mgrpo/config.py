@@ -291,7 +291,7 @@ class JobConfig(StrictModel):
         0.0,
         ge=0.0,
         le=1.0,
-        description="Deep research: the share of subtasks whose sub-agent demonstration guesses the fact instead of looking it up (a flawed demonstrator, as real ones are: SFT learns the flaw and plateaus below the task's best; RL can unlearn it). 0: every demonstration looks the fact up.",
+        description="Deep research: the share of subtasks whose demonstration (the sub-agent's; the single agent's lookups) guesses the fact instead of looking it up (a flawed demonstrator, as real ones are: SFT learns the flaw and plateaus below the task's best; RL can unlearn it). 0: every demonstration looks the fact up.",
     )
     checkpoint_keep_every_steps: int = Field(
         0,

@@ -97,14 +97,24 @@ def _tool_turns(task: DeepResearchTask, entity: str) -> list[tuple[str, str | No
     ]
 
 
-def single_agent_demo(task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, q: Question) -> Transcript:
-    """The single agent does every lookup of the gold plan itself, then answers."""
+def single_agent_demo(
+    task: DeepResearchTask,
+    tokenizer: PreTrainedTokenizerBase,
+    q: Question,
+    *,
+    guess_share: float = 0.0,
+    seed: int = 0,
+) -> Transcript:
+    """The single agent does every lookup of the gold plan itself, then answers; with `guess_share`
+    the same flawed demonstrator as the sub-agent's (`guessed`, the same draws): the lookups of a
+    guessed subtask are left out, so the agent learns to go on without them."""
     turns: list[tuple[str, str | None]] = []
     for sub, _ in gold_plan(task.world, q):
         m = _SUBTASK.match(sub)
         if m is None:  # pragma: no cover - gold plans are always in the subtask language
             raise ValueError(sub)
-        turns += _tool_turns(task, m.group(2))
+        if guessed(task, sub, guess_share, seed) is None:
+            turns += _tool_turns(task, m.group(2))
     turns.append((f"<answer>{q.answer}</answer>", None))
     return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["single"])
 

@@ -309,7 +309,8 @@ def run_single_warmstart(
     cfg: WarmstartConfig, out: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None
 ) -> WarmstartResult:
     """The single-agent baseline's warm start: one model (the planner's preset and tokenizer size) on
-    demonstrations where it does every lookup itself. Same questions, steps and optimiser."""
+    demonstrations where it does every lookup itself (but those of the subtasks a flawed demonstrator
+    guesses, `guess_share`). Same questions, steps and optimiser."""
     torch.manual_seed(cfg.seed)
     task = make_task(cfg)
     tok = train_tokenizer(tokenizer_texts(task), cfg.planner_vocab)
@@ -322,7 +323,10 @@ def run_single_warmstart(
             model,
             opt,
             tok,
-            [single_agent_demo(task, tok, q) for q in rng.sample(questions, cfg.batch_size)],
+            [
+                single_agent_demo(task, tok, q, guess_share=cfg.guess_share, seed=cfg.seed)
+                for q in rng.sample(questions, cfg.batch_size)
+            ],
             cfg,
         )
         if on_step:
@@ -414,7 +418,7 @@ class DeepResearchWarmStart:
             planner_preset=job.model_of(wf.root).preset or "tiny",
             subagent_preset=callee or "tiny-wide",
             eval_questions=100 if steps >= 100 else 0,
-            guess_share=0.0 if self.kind == "single" else job.cfg.warmstart_guess_share,
+            guess_share=job.cfg.warmstart_guess_share,
         )
 
     def steps(self, config: WarmstartConfig) -> int:

@@ -311,7 +311,7 @@ def _inputs(spec: JobSpec) -> None:
     ):
         raise JobConfigError(
             ("warmstart_guess_share",),
-            f"warmstart_guess_share: the {wf.name} workflow's warm start has no flawed demonstrator (the sub-agents of deep_research and deep_research_team have); leave it 0",
+            f"warmstart_guess_share: the {wf.name} workflow's warm start has no flawed demonstrator (deep_research, deep_research_team and single_agent have); leave it 0",
         )
     if not wf.takes_dataset and (cfg.dataset is not None or cfg.reward != RewardConfig()):
         raise JobConfigError(

@@ -80,7 +80,6 @@ def test_the_two_role_fields_fold_into_roles():
         ({"program": {"url": "http://p"}}, "program"),
         ({"workflow": "marsrl", "roles": {"verifier": {"tools": []}}}, "roles.verifier.tools"),
         ({"workflow": "marsrl", "warmstart_guess_share": 0.3}, "warmstart_guess_share"),
-        ({"workflow": "single_agent", "warmstart_guess_share": 0.3}, "warmstart_guess_share"),
     ],
 )
 def test_a_config_its_workflow_does_not_allow_is_an_error_naming_the_field(config, field):

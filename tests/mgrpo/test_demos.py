@@ -75,3 +75,20 @@ def test_the_flawed_demonstrator_guesses_a_share_of_subtasks_with_a_value_of_the
         actions = [parse_subagent_turn(s) for s in generated_segments(tokenizer, tr)]
         assert [(a.kind, a.content) for a in actions] == [("result", guess)]
     assert wrong > 0.6 * sum(g is not None for g in guesses.values())  # a guess, not the fact
+
+
+def test_the_single_agent_learns_from_the_same_flawed_demonstrator(small_task, tokenizer):
+    """`guess_share` for the single agent (issue 43): the lookups of exactly the subtasks the
+    sub-agent's demonstrator guesses (the same seeded draws) are left out; the rest and the answer stay."""
+    qs = make_questions(small_task.world, "train", 2, 20)
+    left_out = 0
+    for q in qs:
+        plan = gold_plan(small_task.world, q)
+        kept = [sub for sub, _ in plan if guessed(small_task, sub, 0.3, 7) is None]
+        tr = single_agent_demo(small_task, tokenizer, q, guess_share=0.3, seed=7)
+        actions = [parse_single_turn(s) for s in generated_segments(tokenizer, tr)]
+        assert len(actions) == 2 * len(kept) + 1 and actions[-1].content == q.answer
+        searched = [a.content.removeprefix("search ") for a in actions if a.content.startswith("search ")]
+        assert searched == [sub.split(" of ", 1)[1] for sub in kept]
+        left_out += len(plan) - len(kept)
+    assert left_out > 0

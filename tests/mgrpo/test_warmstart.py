@@ -50,7 +50,7 @@ def test_a_flawed_demonstrator_changes_the_sub_agents_demos_and_the_key_but_not_
     job = job_spec(JobConfig(n_people=60, warmstart_guess_share=0.5))
     assert job.warmstart_config().guess_share == 0.5
     single = job_spec(JobConfig(n_people=60, warmstart_guess_share=0.5, mode="single_agent"))
-    assert single.warmstart_config().guess_share == 0.0  # the single agent's demonstrations look up
+    assert single.warmstart_config().guess_share == 0.5  # the same flawed demonstrator for one model
 
 
 def test_the_shared_warm_start_is_one_model_that_learned_both_roles(tmp_path):

@@ -316,6 +316,14 @@ def compare_worlds(
                 pooled({w: f[b] for w, f in per.items()}), pooled({w: f[a] for w, f in per.items()})
             )
             out["pooled"][f"{a} - {b}"] = {"worlds": list(per), "diff": d.gain, "se": d.se, "z": d.z}
+    out["pooled_gains"] = {}  # each arm's gain over its warm start, question by question within a world
+    for arm in ARMS:
+        per = {str(w): final[w][arm] for w in worlds if arm in final[w]}
+        if per:
+            single = ARMS[arm]["mode"] == "single_agent"
+            before = pooled({w: starts[(int(w), single)]["by_question"] for w in per})
+            d = paired_by_question(before, pooled(per))
+            out["pooled_gains"][arm] = {"worlds": list(per), "diff": d.gain, "se": d.se, "z": d.z}
     return out
 
 
@@ -411,6 +419,16 @@ def write_world_table(study: dict[str, Any], path: Path) -> None:
             cells.append("—" if d is None else f"{d['diff']:+.3f} ± {d['se']:.3f} ({d['z']:.1f} SE)")
         lines.append(
             f"| {name} | " + " | ".join(cells) + f" | {p['diff']:+.3f} ± {p['se']:.3f} ({p['z']:.1f} SE) |"
+        )
+    for arm, p in study.get("pooled_gains", {}).items():
+        cells = []
+        for row in study["worlds"].values():
+            a = row["arms"].get(arm)
+            cells.append("—" if a is None else f"{a['gain']:+.3f} ± {a['gain_se']:.3f}")
+        lines.append(
+            f"| {arm} − its warm start | "
+            + " | ".join(cells)
+            + f" | {p['diff']:+.3f} ± {p['se']:.3f} ({p['z']:.1f} SE) |"
         )
     path.write_text("\n".join(lines) + "\n")
 

@@ -52,11 +52,18 @@ def test_worlds_compare_arms_per_question_and_pool_within_worlds(tmp_path):
     p = study["pooled"]["co_train - main_only"]
     assert p["worlds"] == ["1", "2"] and p["diff"] == pytest.approx(0.5)
     assert p["se"] == pytest.approx(math.sqrt(0.2 / 6))
+    # co_train over its warm start, pooled: gains (.5, .5, 0, 1) in world 1 and (1, 1) in world 2
+    g = study["pooled_gains"]["co_train"]
+    assert g["worlds"] == ["1", "2"] and g["diff"] == pytest.approx(2 / 3)
+    assert g["se"] == pytest.approx(math.sqrt(1 / 36))
     write_world_table(study, tmp_path / "worlds.md")
     table = (tmp_path / "worlds.md").read_text()
     assert (
         "| co_train - main_only | +0.500 ± 0.204 (2.4 SE) | +0.500 ± 0.500 (1.0 SE) | +0.500 ± 0.183 (2.7 SE) |"
         in table
+    )
+    assert (
+        "| co_train − its warm start | +0.500 ± 0.204 | +1.000 ± 0.000 | +0.667 ± 0.167 (4.0 SE) |" in table
     )
 
 

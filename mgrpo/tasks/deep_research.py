@@ -90,12 +90,16 @@ def fact(world: World, subtask: str) -> str | None:
     return o.base if o else None
 
 
-def gold_plan(world: World, q: Question) -> list[tuple[str, str]]:
-    """The demonstration plan of a built-in question: (subtask, its fact) in delegation order."""
+def gold_plan(
+    world: World, q: Question, *, told: Callable[[str], str | None] | None = None
+) -> list[tuple[str, str]]:
+    """The demonstration plan of a built-in question: (subtask, its fact) in delegation order.
+    `told`: what a flawed demonstrator is told instead of a subtask's fact (None: the fact); the plan
+    goes on from it (`plan_answer` then gives the answer it leads to)."""
     steps: list[tuple[str, str]] = []
 
     def ask(subtask: str) -> str:
-        value = fact(world, subtask)
+        value = (told(subtask) if told else None) or fact(world, subtask)
         if value is None:
             raise ValueError(f"no fact for subtask {subtask!r}")
         steps.append((subtask, value))
@@ -122,6 +126,16 @@ def gold_plan(world: World, q: Question) -> list[tuple[str, str]]:
             if q.kind == "org_country":
                 ask(f"country of {base}")
     return steps
+
+
+def plan_answer(q: Question, steps: Sequence[tuple[str, str]]) -> str:
+    """The answer a `gold_plan`'s values lead to (the question's answer when they are the facts)."""
+    v = [value for _, value in steps]
+    if q.kind == "same_country":
+        return "yes" if v[2] == v[3] else "no"
+    if q.kind == "earlier":
+        return q.entities[0] if int(v[0]) < int(v[1]) else q.entities[1]
+    return v[-1]
 
 
 def team_plan(world: World, q: Question) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ from mgrpo.tasks.deep_research import (
     comparison_fact,
     fact,
     gold_plan,
+    plan_answer,
     team_plan,
 )
 
@@ -106,16 +107,21 @@ def single_agent_demo(
     seed: int = 0,
 ) -> Transcript:
     """The single agent does every lookup of the gold plan itself, then answers; with `guess_share`
-    the same flawed demonstrator as the sub-agent's (`guessed`, the same draws): the lookups of a
-    guessed subtask are left out, so the agent learns to go on without them."""
+    the same flawed demonstrator as the sub-agent's (`guessed`, the same draws and guesses): a guessed
+    subtask's lookups are left out and the plan goes on from the guess, to the answer it leads to."""
+
+    def guess(subtask: str) -> str | None:
+        return guessed(task, subtask, guess_share, seed)
+
+    plan = gold_plan(task.world, q, told=guess)
     turns: list[tuple[str, str | None]] = []
-    for sub, _ in gold_plan(task.world, q):
+    for sub, _ in plan:
         m = _SUBTASK.match(sub)
         if m is None:  # pragma: no cover - gold plans are always in the subtask language
             raise ValueError(sub)
-        if guessed(task, sub, guess_share, seed) is None:
+        if guess(sub) is None:
             turns += _tool_turns(task, m.group(2))
-    turns.append((f"<answer>{q.answer}</answer>", None))
+    turns.append((f"<answer>{plan_answer(q, plan)}</answer>", None))
     return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["single"])
 
 

@@ -60,7 +60,7 @@ class WarmstartConfig:
     stage2_fraction: float = 0.5
     eval_questions: int = 100  # 0 skips the evaluation
     sft_chunks: int = 4  # each SFT batch as length-sorted chunks (less padding; the same token-mean loss)
-    guess_share: float = 0.0  # a flawed sub-agent demonstrator: this share of subtasks guessed (`guessed`)
+    guess_share: float = 0.0  # a flawed demonstrator: this share of subtasks guessed (`guessed`)
 
     def as_dict(self) -> dict[str, Any]:
         """The config as its cache key and shipped manifest read it: a field added after warm starts
@@ -309,8 +309,9 @@ def run_single_warmstart(
     cfg: WarmstartConfig, out: Path, *, on_step: Callable[[int, dict[str, float]], None] | None = None
 ) -> WarmstartResult:
     """The single-agent baseline's warm start: one model (the planner's preset and tokenizer size) on
-    demonstrations where it does every lookup itself (but those of the subtasks a flawed demonstrator
-    guesses, `guess_share`). Same questions, steps and optimiser."""
+    demonstrations where it does every lookup itself (with `guess_share`, the flawed demonstrator's:
+    it skips the guessed subtasks' lookups and carries on from the guesses). Same questions, steps
+    and optimiser."""
     torch.manual_seed(cfg.seed)
     task = make_task(cfg)
     tok = train_tokenizer(tokenizer_texts(task), cfg.planner_vocab)

@@ -20,7 +20,8 @@ one, 0.165 on the other). MKL's only vendor-neutral branch, `COMPATIBLE` (SSE2),
 set before a run selects it (a different cache key, not verified on an Intel machine). Within a vendor
 MKL's `AUTO` branch differs by generation too: the shipped warm start's 1,600 seeded held-out outcomes
 from one AMD EPYC matched those of another (family 25 model 1, AVX2 only) on 1,531 (2026-12-06), so the
-demo's shipped baseline is keyed by the models' logits on this processor (`demo_baseline`).
+demo's shipped baseline is keyed by what the models compute on this processor and serves only the
+processor model that evaluated it (`demo_baseline`).
 
 **Cache keys.** A cached warm start is reused only when everything that changes its result is the
 same: its config, the version of each generator it consumes (`RECIPE_VERSIONS`: bump one when its code

@@ -245,7 +245,7 @@ def warmstart(
     ship_baseline: Annotated[
         bool,
         typer.Option(
-            help="Evaluate the shipped deep-research warm start on the demo's held-out questions here and ship the outcomes for this processor's numerics (about two minutes)."
+            help="Evaluate the shipped deep-research warm start on the demo's held-out questions here and ship the outcomes for this processor model and its numerics (about two minutes)."
         ),
     ] = False,
     guess_share: Annotated[

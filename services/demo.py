@@ -182,7 +182,7 @@ def run_demo(out: Path, options: DemoOptions, console: Console) -> dict[str, Any
         shipped = baseline(warm.folder, baseline_key(task, ws, eval_questions, numerics))
         if shipped is None and provenance(warm.folder) is not None:
             console.print(
-                f"warm start: no held-out outcomes shipped for this processor's numerics ({numerics}), "
+                f"warm start: no held-out outcomes shipped for this processor model and its numerics ({numerics}), "
                 "so it is evaluated here too (`mgrpo warmstart --ship-baseline` ships this machine's)"
             )
     with clock.phase("evaluation"):

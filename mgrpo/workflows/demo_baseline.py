@@ -8,7 +8,9 @@ outcomes only where the models and the engine's sampler compute the same floats 
 MKL picks its code path by processor (`mgrpo.reproducibility`). Measured: an AMD EPYC family 25
 model 1 (AVX2 only) agreed with a family 25 model 17 (AVX-512) on 1,531 of 1,600 questions, 0.147
 against 0.164, while their logits on the fingerprint's shapes were the same; hence the fingerprint
-also hashes what the engine samples. A machine whose fingerprint has no shipped baseline evaluates
+also hashes what the engine samples. That was not enough either (the two still shared a fingerprint,
+2026-12-07), so a shipped baseline also serves only the processor model that evaluated it
+(`shipped.baseline`). A machine with no baseline for its fingerprint and processor model evaluates
 the warm start itself; `mgrpo warmstart --ship-baseline` adds its own."""
 
 from __future__ import annotations

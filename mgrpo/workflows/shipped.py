@@ -20,7 +20,7 @@ A shipped warm start may carry **baselines**: its held-out outcomes under one ev
 seed, temperature: the evaluation's `key`), evaluated once where it was built, so that a demo compares
 its trained models against them instead of evaluating the same bytes again on every machine (a minute
 of the deep-research demo's six). Each is a file in `baselines/` whose sha256 the manifest entry
-lists under `baselines`, with where and when it was evaluated.
+lists under `baselines`, with where and when it was evaluated; it serves only that processor model.
 """
 
 from __future__ import annotations
@@ -132,7 +132,11 @@ def _write_manifest(data: dict[str, Any], root: Path) -> None:
 
 def baseline(folder: Path, key: str, root: Path = SHIPPED) -> dict[str, Any] | None:
     """The shipped baseline of a shipped warm start under evaluation `key` (module docstring), its
-    sha256 checked; None when `folder` is not shipped or has no baseline for `key`."""
+    sha256 checked; None when `folder` is not shipped, has no baseline for `key`, or has one that
+    another processor model evaluated. The key holds the numerics fingerprint, but two processors may
+    share a fingerprint and still sample differently: an AMD EPYC family 25 model 1 and a model 17
+    did, agreeing on 1,531 of the demo's 1,600 questions (2026-12-07), so a baseline serves only the
+    processor model that evaluated it (`_processor`), and any other evaluates the warm start itself."""
     entry = _entry(folder, root)
     listed = None if entry is None else entry.get("baselines", {}).get(key)
     if listed is None:
@@ -143,6 +147,8 @@ def baseline(folder: Path, key: str, root: Path = SHIPPED) -> dict[str, Any] | N
             f"the shipped baseline {path} does not match its manifest: restore it from git, or rebuild "
             f"it with {REBUILD}"
         )
+    if listed["evaluated"]["processor"] != _processor():
+        return None
     data: dict[str, Any] = json.loads(path.read_text())
     return {**data, "evaluated": listed["evaluated"]}
 

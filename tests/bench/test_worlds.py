@@ -1,6 +1,6 @@
-"""The world study's bookkeeping in `bench/learning.py --worlds` (issue 43) on hand-made results:
-per world the arms are compared question by question (each question's success averaged over the run
-seeds), and the pooled comparison pairs only within a world."""
+"""The world study's bookkeeping (`bench/worlds.py`, behind `bench/learning.py --worlds`; issue 43) on
+hand-made results: per world the arms are compared question by question (each question's success
+averaged over the run seeds), and the pooled comparison pairs only within a world."""
 
 import json
 import math
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from learning import CELLS, compare_worlds, write_world_table
+from worlds import CELLS, compare_worlds, write_world_table
 
 
 def run(world, arm, seed, by_question):
@@ -74,7 +74,7 @@ def test_an_arm_scored_on_other_questions_is_refused():
 
 
 def test_the_plateau_is_the_last_warm_start_the_next_does_not_beat_by_two_paired_se():
-    from learning import plateau
+    from worlds import plateau
 
     n = 400
     right = {f"q{i}": 1.0 for i in range(n)}
@@ -112,7 +112,7 @@ def started(world, arm, seed, first, final, steps=700):
 
 
 def test_a_study_run_in_parts_is_compared_as_if_run_at_once(tmp_path):
-    from learning import combine
+    from worlds import combine
 
     pair, single = {"a": 0.0, "b": 1.0, "c": 0.0}, {"a": 0.0, "b": 0.0, "c": 0.0}
     first = [
@@ -141,7 +141,7 @@ def test_a_study_run_in_parts_is_compared_as_if_run_at_once(tmp_path):
     ],
 )
 def test_parts_of_different_studies_are_refused(tmp_path, later, says):
-    from learning import combine
+    from worlds import combine
 
     first = [started(1, "co_train", 0, {"a": 0.0, "b": 1.0}, {"a": 1.0, "b": 1.0})]
     with pytest.raises(ValueError, match=says):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import cache
 
 from transformers import PreTrainedTokenizerBase
 
@@ -110,6 +111,7 @@ def single_agent_demo(
     the same flawed demonstrator as the sub-agent's (`guessed`, the same draws and guesses): a guessed
     subtask's lookups are left out and the plan goes on from the guess, to the answer it leads to."""
 
+    @cache  # asked by the plan, then to leave the guessed lookups out: one draw per subtask
     def guess(subtask: str) -> str | None:
         return guessed(task, subtask, guess_share, seed)
 

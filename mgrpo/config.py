@@ -293,6 +293,10 @@ class JobConfig(StrictModel):
         le=1.0,
         description="Deep research: the share of subtasks whose demonstration (the sub-agent's; the single agent's lookups) guesses the fact instead of looking it up (a flawed demonstrator, as real ones are: SFT learns the flaw and plateaus below the task's best; RL can unlearn it). 0: every demonstration looks the fact up.",
     )
+    warmstart_planner_sees_guesses: bool = Field(
+        False,
+        description="Deep research, with warmstart_guess_share: the planner's demonstrations get the sub-agent demonstrator's guesses where it guessed and go on from them to the answer they lead to (the whole pair learns from one flawed demonstrator, as the single agent does). False: the planner's demonstrations see the true facts.",
+    )
     checkpoint_keep_every_steps: int = Field(
         0,
         ge=0,

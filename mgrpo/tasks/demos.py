@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from functools import cache
 
 from transformers import PreTrainedTokenizerBase
@@ -25,12 +26,23 @@ from mgrpo.tasks.deep_research import (
 
 
 def planner_demo(
-    task: DeepResearchTask, tokenizer: PreTrainedTokenizerBase, q: Question, *, team: bool = False
+    task: DeepResearchTask,
+    tokenizer: PreTrainedTokenizerBase,
+    q: Question,
+    *,
+    team: bool = False,
+    told: Callable[[str], str | None] | None = None,
 ) -> Transcript:
-    """The gold plan's delegations, then the answer; `team`: with the comparison delegated too."""
-    plan = team_plan(task.world, q) if team else gold_plan(task.world, q)
+    """The gold plan's delegations, then the answer; `team`: with the comparison delegated too.
+    `told`: what the sub-agent reports for a subtask where its demonstrator guessed (`guessed`): the
+    plan goes on from the guess, to the answer it leads to (`gold_plan(told=)`)."""
+    if team and told is not None:
+        raise ValueError(
+            "the team's planner demonstrations see the facts: a guessed fact is the pair's lever"
+        )
+    plan = team_plan(task.world, q) if team else gold_plan(task.world, q, told=told)
     turns: list[tuple[str, str | None]] = [(f"<delegate>{sub}</delegate>", value) for sub, value in plan]
-    turns.append((f"<answer>{q.answer}</answer>", None))
+    turns.append((f"<answer>{plan_answer(q, plan) if told else q.answer}</answer>", None))
     return demo_transcript(tokenizer, planner_prompt(tokenizer, q.text), turns, OBSERVATION_TAGS["planner"])
 
 

@@ -61,6 +61,7 @@ class WarmstartConfig:
     eval_questions: int = 100  # 0 skips the evaluation
     sft_chunks: int = 4  # each SFT batch as length-sorted chunks (less padding; the same token-mean loss)
     guess_share: float = 0.0  # a flawed demonstrator: this share of subtasks guessed (`guessed`)
+    planner_sees_guesses: bool = False  # the planner's demos go on from the sub-agent's guesses
 
     def as_dict(self) -> dict[str, Any]:
         """The config as its cache key and shipped manifest read it: a field added after warm starts
@@ -85,7 +86,7 @@ class WarmstartConfig:
         return json.dumps(provenance(self.as_dict(), presets=self.presets()), indent=2)
 
 
-_ADDED_FIELDS: dict[str, object] = {"guess_share": 0.0}
+_ADDED_FIELDS: dict[str, object] = {"guess_share": 0.0, "planner_sees_guesses": False}
 
 
 @dataclass
@@ -158,8 +159,7 @@ class PairTraining:
             qs = self.rng.sample(self.questions, cfg.batch_size)
             subs = self.rng.sample(subtasks_of(task, qs), cfg.batch_size)
             p_batch = [
-                self.p_demos.get(q.qid) or self.p_demos.setdefault(q.qid, planner_demo(task, self.ptok, q))
-                for q in qs
+                self.p_demos.get(q.qid) or self.p_demos.setdefault(q.qid, self._planner_demo(q)) for q in qs
             ]
             s_batch = [
                 self.s_demos.get(s) or self.s_demos.setdefault(s, self._subagent_demo(s)) for s in subs
@@ -170,9 +170,15 @@ class PairTraining:
             if on_step:
                 on_step(step, {"planner/sft_loss": p_loss, "subagent/sft_loss": s_loss})
 
+    def _guess(self, subtask: str) -> str | None:
+        return guessed(self.task, subtask, self.cfg.guess_share, self.cfg.seed)
+
+    def _planner_demo(self, q: Question) -> Transcript:
+        told = self._guess if self.cfg.planner_sees_guesses else None
+        return planner_demo(self.task, self.ptok, q, told=told)
+
     def _subagent_demo(self, subtask: str) -> Transcript:
-        guess = guessed(self.task, subtask, self.cfg.guess_share, self.cfg.seed)
-        return subagent_demo(self.task, self.stok, subtask, guess=guess)
+        return subagent_demo(self.task, self.stok, subtask, guess=self._guess(subtask))
 
     def save(self, out: Path, on_eval: Callable[[], None] | None = None) -> WarmstartResult:
         """Evaluate and save the models as the warm start of `self.done` steps (its own config)."""
@@ -420,6 +426,9 @@ class DeepResearchWarmStart:
             subagent_preset=callee or "tiny-wide",
             eval_questions=100 if steps >= 100 else 0,
             guess_share=job.cfg.warmstart_guess_share,
+            # the pair's planner (and the shared model's) may learn from the same flawed demonstrator;
+            # the single agent's always does, the team's planner never
+            planner_sees_guesses=job.cfg.warmstart_planner_sees_guesses and self.kind in ("pair", "shared"),
         )
 
     def steps(self, config: WarmstartConfig) -> int:

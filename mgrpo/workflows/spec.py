@@ -313,6 +313,17 @@ def _inputs(spec: JobSpec) -> None:
             ("warmstart_guess_share",),
             f"warmstart_guess_share: the {wf.name} workflow's warm start has no flawed demonstrator (deep_research, deep_research_team and single_agent have); leave it 0",
         )
+    if cfg.warmstart_planner_sees_guesses and not (
+        cfg.warmstart_guess_share
+        and wf.warmstart
+        and getattr(wf.load("warmstart").config(spec), "planner_sees_guesses", False)
+    ):
+        raise JobConfigError(
+            ("warmstart_planner_sees_guesses",),
+            "warmstart_planner_sees_guesses: set warmstart_guess_share above 0 too (the guesses it sees)"
+            if not cfg.warmstart_guess_share
+            else f"warmstart_planner_sees_guesses: the {wf.name} workflow's planner learns from no sub-agent demonstrator's guesses (deep_research's does); leave it false",
+        )
     if not wf.takes_dataset and (cfg.dataset is not None or cfg.reward != RewardConfig()):
         raise JobConfigError(
             ("dataset",) if cfg.dataset is not None else ("reward",),

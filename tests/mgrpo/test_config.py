@@ -80,6 +80,15 @@ def test_the_two_role_fields_fold_into_roles():
         ({"program": {"url": "http://p"}}, "program"),
         ({"workflow": "marsrl", "roles": {"verifier": {"tools": []}}}, "roles.verifier.tools"),
         ({"workflow": "marsrl", "warmstart_guess_share": 0.3}, "warmstart_guess_share"),
+        ({"warmstart_planner_sees_guesses": True}, "warmstart_planner_sees_guesses"),
+        (
+            {
+                "workflow": "deep_research_team",
+                "warmstart_guess_share": 0.3,
+                "warmstart_planner_sees_guesses": True,
+            },
+            "warmstart_planner_sees_guesses",
+        ),
     ],
 )
 def test_a_config_its_workflow_does_not_allow_is_an_error_naming_the_field(config, field):

@@ -101,6 +101,30 @@ def test_the_single_agent_learns_from_the_same_flawed_demonstrator(small_task, t
     assert wrong > 0 and carried > 0
 
 
+def test_the_planner_may_see_the_sub_agents_guesses_and_carry_on_from_them(small_task, tokenizer):
+    """`WarmstartConfig.planner_sees_guesses` (issue 43): the planner's demonstration is told the sub-
+    agent demonstrator's guess where it guessed (the same seeded draw), delegates on from it and answers
+    what the guesses lead to — the whole pair learns from one flawed demonstrator, as the single agent."""
+    world, qs = small_task.world, make_questions(small_task.world, "train", 2, 40)
+
+    def told(sub):
+        return guessed(small_task, sub, 0.3, 7)
+
+    wrong = 0
+    for q in qs:
+        plan = gold_plan(world, q, told=told)
+        tr = planner_demo(small_task, tokenizer, q, told=told)
+        actions = [parse_planner_turn(s) for s in generated_segments(tokenizer, tr)]
+        assert [a.content for a in actions[:-1]] == [sub for sub, _ in plan]
+        assert actions[-1].kind == "answer" and actions[-1].content == plan_answer(q, plan)
+        text = tokenizer.decode(tr.token_ids)
+        assert all(value in text for _, value in plan)  # the guesses are what the planner was told
+        wrong += actions[-1].content != q.answer
+    assert wrong > 0
+    with pytest.raises(ValueError, match="team"):
+        planner_demo(small_task, tokenizer, qs[0], team=True, told=told)
+
+
 def test_a_plan_of_the_facts_leads_to_the_questions_answer(small_task):
     for stage in (1, 2):
         for q in make_questions(small_task.world, "train", stage, 60):

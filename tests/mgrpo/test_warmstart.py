@@ -53,6 +53,26 @@ def test_a_flawed_demonstrator_changes_the_sub_agents_demos_and_the_key_but_not_
     assert single.warmstart_config().guess_share == 0.5  # the same flawed demonstrator for one model
 
 
+def test_the_planner_seeing_the_guesses_is_a_warm_start_of_its_own():
+    """`planner_sees_guesses` (issue 43): keyed only when set; the planner's demonstrations then
+    answer what the guesses lead to; a job's field reaches the pair's warm start, not the single
+    agent's (whose demonstrator always carries on from its guesses)."""
+    flawed = WarmstartConfig(n_people=60, steps=1, batch_size=32, eval_questions=0, guess_share=0.5)
+    assert "planner_sees_guesses" not in flawed.as_dict()
+    seeing = replace(flawed, planner_sees_guesses=True)
+    assert seeing.as_dict()["planner_sees_guesses"] is True and seeing.key() != flawed.key()
+    plain, told = PairTraining(flawed), PairTraining(seeing)
+    plain.advance(1)
+    told.advance(1)
+    assert plain.p_demos.keys() == told.p_demos.keys()  # the same questions drawn
+    changed = [q for q in plain.p_demos if plain.p_demos[q].token_ids != told.p_demos[q].token_ids]
+    assert 0 < len(changed) < len(plain.p_demos)  # where a guess was made, and only there
+    job = JobConfig(n_people=60, warmstart_guess_share=0.5, warmstart_planner_sees_guesses=True)
+    assert job_spec(job).warmstart_config().planner_sees_guesses
+    single = job.model_copy(update={"mode": "single_agent"})
+    assert not job_spec(single).warmstart_config().planner_sees_guesses
+
+
 def test_the_shared_warm_start_is_one_model_that_learned_both_roles(tmp_path):
     """The base a hosted sub-agent shares with the planner (`JobSpec.hosted_callees`): one model and
     one tokenizer, both roles' demonstrations, cached apart from the pair of the same config; a job
